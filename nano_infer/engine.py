@@ -1,0 +1,363 @@
+"""LLMEngine: requests in, one scheduled forward pass per `step()`, outputs out.
+
+    engine.add_request("r1", "Hello", SamplingParams(max_tokens=8))
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            ...
+
+Each knob of the curriculum is a constructor argument, so every notebook turns one knob
+on the same engine: `kv_cache` ("none" | "contiguous" | "paged"), `block_size`,
+`prefix_cache` (None | "hash" | "radix"), `attention` ("gather" | "blockwise"),
+`scheduler` ("continuous" | "static"), `scheduler_policy` ("fcfs" | "lpm").
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .detokenizer import IncrementalDetokenizer
+from .kv import BlockManager, ContiguousKVCache, KVPool
+from .kv.paged import kv_bytes_per_token, num_blocks_for_budget
+from .memory import StepRecorder
+from .model_runner import ModelRunner
+from .models.loader import default_model, load_config, load_model, pick_dtype, resolve_model_dir
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .prefix import make_prefix_cache
+from .sampling import sample
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence, SequenceStatus
+
+CPU_KV_BUDGET = 256 * 1024**2  # bytes of KV pool on CPU unless kv_cache_memory says otherwise
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None
+    dtype: str | torch.dtype | None = "auto"
+    device: str | None = None
+    kv_cache: str = "paged"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None  # bytes for the KV pool
+    gpu_memory_utilization: float = 0.85
+    prefix_cache: str | None = "auto"  # "auto": radix when the cache is paged
+    attention: str = "gather"
+    scheduler: str = "continuous"
+    scheduler_policy: str = "fcfs"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
+    log_blocks: bool = False
+    record_steps: bool = False
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    metrics: RequestMetrics
+    stream: bool = False
+    pending_forks: int = 0  # n > 1 on a paged cache: the other samples fork off after prefill
+    texts: dict[int, str] = field(default_factory=dict)
+
+
+class LLMEngine:
+    def __init__(self, model: str | None = None, **kwargs):
+        unknown = set(kwargs) - set(EngineConfig.__dataclass_fields__)
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {sorted(unknown)}; options are {sorted(EngineConfig.__dataclass_fields__)}")
+        cfg = self.config = EngineConfig(model=model, **kwargs)
+        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = pick_dtype(self.device, cfg.dtype)
+        self.model_dir = resolve_model_dir(cfg.model or default_model())
+        self.model_name = cfg.model or str(self.model_dir)
+        self.hf_config = load_config(self.model_dir)
+        self.max_model_len = cfg.max_model_len or min(self.hf_config.max_position_embeddings, 8192)
+        if self.max_model_len > self.hf_config.max_position_embeddings:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={self.hf_config.max_position_embeddings}")
+        self.model = load_model(self.model_dir, self.hf_config, self.device, self.dtype, self.max_model_len)
+        self.tokenizer = self._load_tokenizer()
+        self.eos_token_ids = self._eos_token_ids()
+        self.vocab_size = self.hf_config.vocab_size
+        self.kv_bytes_per_token = kv_bytes_per_token(
+            self.hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim, self.dtype)
+        self.kv, self.kv_pool = self._make_kv_cache()
+        pc = cfg.prefix_cache
+        if pc == "auto":
+            pc = "radix" if cfg.kv_cache == "paged" else None
+        if pc is not None and cfg.kv_cache != "paged":
+            raise ValueError(f"prefix_cache={pc!r} shares KV blocks, so it needs kv_cache='paged' (got {cfg.kv_cache!r})")
+        self.prefix_cache = make_prefix_cache(pc, self.kv)
+        if cfg.max_num_batched_tokens < 1 or cfg.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        self.scheduler = Scheduler(
+            self.kv, self.prefix_cache, max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens, policy=cfg.scheduler_policy,
+            mode=cfg.scheduler, chunked_prefill=cfg.enable_chunked_prefill)
+        block_size = self.kv.block_size if self.kv else 1
+        self.runner = ModelRunner(self.model, self.kv_pool, cfg.attention, block_size, self.device)
+        self.requests: dict[str, Request] = {}
+        self.recorder = StepRecorder() if cfg.record_steps else None
+        self.num_steps = 0
+
+    # -- construction ------------------------------------------------------------------------
+    def _load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model_dir)
+
+    def _eos_token_ids(self) -> set[int]:
+        ids = set()
+        gen_path = self.model_dir / "generation_config.json"
+        if gen_path.exists():
+            eos = json.loads(gen_path.read_text()).get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    def _kv_budget(self) -> int:
+        cfg = self.config
+        if cfg.kv_cache_memory is not None:
+            return int(cfg.kv_cache_memory)
+        if self.device.type == "cuda":
+            if not 0 < cfg.gpu_memory_utilization <= 1:
+                raise ValueError(f"gpu_memory_utilization={cfg.gpu_memory_utilization} must be in (0, 1]")
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            # leave room for activations: a step of max_num_batched_tokens through the widest layer
+            activations = 8 * cfg.max_num_batched_tokens * max(self.hf_config.intermediate_size, self.vocab_size) * 4
+            return int(total * cfg.gpu_memory_utilization - torch.cuda.memory_allocated(self.device) - activations)
+        return CPU_KV_BUDGET
+
+    def _make_kv_cache(self):
+        cfg = self.config
+        if cfg.kv_cache == "none":
+            return None, None
+        layers, heads, hd = self.hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim
+        if cfg.kv_cache == "contiguous":
+            per_seq = self.kv_bytes_per_token * self.max_model_len
+            num_seqs = min(cfg.max_num_seqs, self._kv_budget() // per_seq)
+            if num_seqs < 1:
+                raise ValueError(f"KV budget holds no {self.max_model_len}-token sequence; lower max_model_len")
+            kv = ContiguousKVCache(num_seqs, self.max_model_len)
+        elif cfg.kv_cache == "paged":
+            if cfg.block_size < 1:
+                raise ValueError(f"block_size={cfg.block_size} must be >= 1")
+            if cfg.num_kv_blocks is not None:
+                num_blocks = cfg.num_kv_blocks
+            else:
+                num_blocks = num_blocks_for_budget(self._kv_budget(), self.kv_bytes_per_token, cfg.block_size)
+                # never more than every sequence at full length could use
+                num_blocks = min(num_blocks, cfg.max_num_seqs * -(-self.max_model_len // cfg.block_size) + 1)
+            kv = BlockManager(num_blocks, cfg.block_size, log=cfg.log_blocks)
+        else:
+            raise ValueError(f"kv_cache={cfg.kv_cache!r} is invalid: use 'none', 'contiguous' or 'paged'")
+        pool = KVPool(layers, kv.num_blocks, kv.block_size, heads, hd, self.dtype, self.device)
+        return kv, pool
+
+    # -- requests ----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | None = None, params: SamplingParams | None = None,
+                    prompt_token_ids: list[int] | None = None, stream: bool = False,
+                    arrival_time: float | None = None) -> None:
+        """Validate and queue a request. Raises ValueError (and changes nothing) on bad input."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if prompt_token_ids is None:
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError("prompt must be a non-empty string (or pass prompt_token_ids)")
+            prompt_token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        prompt_token_ids = list(prompt_token_ids)
+        if not prompt_token_ids:
+            raise ValueError("prompt is empty: it must have at least one token")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt_token_ids):
+            raise ValueError(f"prompt_token_ids must be integers in [0, {self.vocab_size})")
+        n_prompt = len(prompt_token_ids)
+        if n_prompt >= self.max_model_len:
+            raise ValueError(f"prompt has {n_prompt} tokens; the limit is max_model_len - 1 = {self.max_model_len - 1}")
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n_prompt
+        if n_prompt + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"max_tokens={max_tokens} plus the prompt's {n_prompt} tokens exceeds max_model_len={self.max_model_len}; "
+                f"use max_tokens <= {self.max_model_len - n_prompt}")
+        if isinstance(self.kv, BlockManager):
+            need = -(-(n_prompt + max_tokens) // self.kv.block_size)
+            if need > self.kv.num_blocks:
+                raise ValueError(
+                    f"request needs up to {need} KV blocks but the pool has {self.kv.num_blocks}; "
+                    f"it could never fit: lower max_tokens or give the cache more memory")
+        constraint = self._build_constraint(params)
+        fork = params.n > 1 and isinstance(self.kv, BlockManager)
+        seqs = [self._new_seq(request_id, prompt_token_ids, params, i, constraint, stream) for i in range(1 if fork else params.n)]
+        metrics = RequestMetrics(arrival_time=arrival_time or time.perf_counter())
+        req = Request(request_id, prompt, prompt_token_ids, params, seqs, metrics, stream,
+                      pending_forks=params.n - 1 if fork else 0)
+        self.requests[request_id] = req
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def _build_constraint(self, params: SamplingParams):
+        if not params.constrained:
+            return None
+        from .constrained import TokenVocabulary, build_constraint
+
+        vocab = TokenVocabulary.from_tokenizer(self.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids)
+        return build_constraint(params, vocab, self.device)
+
+    def _new_seq(self, request_id, prompt_token_ids, params, index, constraint, stream, parent: Sequence | None = None):
+        seq = Sequence(request_id, list(prompt_token_ids), params, index=index,
+                       token_ids=list(parent.token_ids) if parent else [])
+        if params.seed is not None:
+            seq.generator = torch.Generator(self.device).manual_seed(params.seed + index)
+        if constraint is not None:
+            seq.constraint = constraint if index == 0 and parent is None else constraint.fork()
+        if stream or params.stop:  # text is needed while running; otherwise decode once at the end
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
+        return seq
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now; its blocks go back to the pool (full ones stay cached)."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+        return self._output(req)
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        out = self.scheduler.schedule()
+        for seq in out.preempted:
+            self.requests[seq.request_id].metrics.num_preemptions += 1
+        if not out.scheduled:
+            return []
+        copies = []
+        if self.kv is not None:
+            copies, self.kv.pending_copies = self.kv.pending_copies, []
+        logits = self.runner.run(out.scheduled, copies)
+        samplers = []
+        for seq, n in out.scheduled:
+            if seq.num_computed_tokens + n == len(seq):
+                samplers.append(seq)
+            seq.num_computed_tokens += n
+        rows = list(range(len(samplers)))
+        for i, seq in enumerate(list(samplers)):
+            req = self.requests[seq.request_id]
+            if req.pending_forks and seq.num_output_tokens == 0:
+                children = self._fork(req, seq)
+                samplers += children
+                rows += [i] * len(children)
+        if len(rows) != logits.shape[0]:
+            logits = logits[rows]
+        tokens = sample(logits, samplers)
+        now = time.perf_counter()
+        touched = {}
+        for seq, token in zip(samplers, tokens):
+            self._append_token(seq, token, now)
+            touched[seq.request_id] = self.requests[seq.request_id]
+        if self.prefix_cache is not None:
+            for seq, _ in out.scheduled:
+                if not seq.is_finished:
+                    self.prefix_cache.cache_computed(seq)
+        self.num_steps += 1
+        if self.recorder is not None:
+            self.recorder.record(self, out, start)
+        outputs = []
+        for req in touched.values():
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = start
+            done = all(s.is_finished for s in req.seqs) and not req.pending_forks
+            if done or req.stream:
+                outputs.append(self._output(req))
+            if done:
+                req.metrics.finished_time = now
+                del self.requests[req.request_id]
+        return outputs
+
+    def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
+        """n > 1: the other samples share the prompt's blocks with the first (copy-on-write later)."""
+        children = []
+        for index in range(1, req.pending_forks + 1):
+            child = self._new_seq(req.request_id, req.prompt_token_ids, req.params, index, parent.constraint, req.stream, parent)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_tokens = parent.num_cached_tokens
+            self.kv.fork(parent, child)
+            if self.prefix_cache is not None:
+                self.prefix_cache.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            self.scheduler.running.append(child)
+            children.append(child)
+        req.seqs += children
+        req.pending_forks = 0
+        return children
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> None:
+        req = self.requests[seq.request_id]
+        seq.token_ids.append(token)
+        if seq.index == 0:
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+                req.metrics.num_cached_tokens = seq.num_cached_tokens
+            req.metrics.token_times.append(now)
+        params = seq.params
+        reason, stop_reason = None, None
+        if seq.constraint is not None:
+            seq.constraint.advance(token)
+        if seq.detokenizer is not None:
+            seq.detokenizer.add(token)
+            for stop in params.stop:
+                at = seq.detokenizer.text.find(stop)
+                if at >= 0:
+                    seq.detokenizer.text = seq.detokenizer.text[:at]
+                    reason, stop_reason = "stop", stop
+                    break
+        if reason is None:
+            if token in params.stop_token_ids:
+                reason, stop_reason = "stop", token
+            elif not params.ignore_eos and token in self.eos_token_ids:
+                reason = "stop"
+            elif seq.constraint is not None and seq.constraint.is_done:
+                reason = "stop"
+            elif params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+                reason = "length"
+            elif len(seq) >= self.max_model_len:
+                reason = "length"
+        if reason is not None:
+            seq.stop_reason = stop_reason
+            if seq.detokenizer is not None and not isinstance(stop_reason, str):
+                seq.detokenizer.flush()
+            self.scheduler.finish(seq, reason)
+
+    def _text(self, seq: Sequence) -> str:
+        if seq.detokenizer is not None:
+            return seq.detokenizer.text
+        if seq.is_finished:
+            return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
+        return ""
+
+    def _output(self, req: Request) -> RequestOutput:
+        outs = [CompletionOutput(s.index, self._text(s), list(s.output_token_ids), s.finish_reason, s.stop_reason)
+                for s in sorted(req.seqs, key=lambda s: s.index)]
+        finished = all(s.is_finished for s in req.seqs) and not req.pending_forks
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, req.metrics)
+
+    # -- introspection -----------------------------------------------------------------------
+    @property
+    def history(self):
+        return self.recorder.records if self.recorder else []
+
+    def num_free_blocks(self) -> int:
+        return self.kv.num_free_blocks if self.kv else 0

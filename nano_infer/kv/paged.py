@@ -1,0 +1,56 @@
+"""The KV pool: one tensor, allocated once, that every sequence's K/V lives in.
+
+Shape [num_layers, 2 (K and V), num_blocks * block_size, num_kv_heads, head_dim]. A new
+token's K/V goes to its slot (`block_id * block_size + offset`, the slot mapping);
+attention reads a sequence's keys through its block table. The pool is sized from a
+byte budget, so "how many tokens fit" is a number you can compute before serving.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """K and V, every layer: layers x 2 x kv_heads x head_dim x bytes per element."""
+    return num_layers * 2 * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+@dataclass
+class KVPool:
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def __post_init__(self):
+        shape = (self.num_layers, 2, self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim)
+        self.tensor = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: duplicate whole blocks (all layers, K and V) before the step writes into them."""
+        bs = self.block_size
+        for src, dst in copies:
+            self.tensor[:, :, dst * bs : (dst + 1) * bs] = self.tensor[:, :, src * bs : (src + 1) * bs]
+
+
+def num_blocks_for_budget(budget_bytes: int, bytes_per_token: int, block_size: int) -> int:
+    n = budget_bytes // (bytes_per_token * block_size)
+    if n < 1:
+        raise ValueError(
+            f"KV budget of {budget_bytes} bytes holds no block of {block_size} tokens "
+            f"({bytes_per_token} bytes per token); raise kv_cache_memory or lower block_size"
+        )
+    return int(n)

@@ -1,0 +1,87 @@
+"""Stage 03: a prefix cache keyed by chained hashes of full blocks (vLLM's automatic prefix caching).
+
+Block i's key is hash(key of block i-1, token ids of block i), so a key names the whole
+prefix up to and including that block: two equal blocks at different places in different
+prompts never collide. A hit is verified against the stored token ids and parent key, so a
+hash collision can cost a miss but never a wrong answer.
+
+Idle cached blocks (no sequence references them) wait in an LRU order and are evicted,
+least recently used first, only when the pool needs a block.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ..sequence import Sequence
+from .base import PrefixCache
+
+ROOT_HASH = 0
+
+
+def chain_hash(parent_hash: int, tokens: tuple[int, ...]) -> int:
+    return hash((parent_hash, tokens))
+
+
+class HashPrefixCache(PrefixCache):
+    def __init__(self, block_manager):
+        super().__init__(block_manager)
+        self.hash_to_block: dict[int, int] = {}
+        self.block_key: dict[int, tuple[int, int, tuple[int, ...]]] = {}  # block -> (hash, parent hash, tokens)
+        self.idle: OrderedDict[int, None] = OrderedDict()  # evictable blocks, least recently used first
+
+    def match(self, token_ids: list[int]) -> list[int]:
+        bs, blocks, parent = self.block_size, [], ROOT_HASH
+        for start in range(0, len(token_ids) - bs + 1, bs):
+            tokens = tuple(token_ids[start : start + bs])
+            h = chain_hash(parent, tokens)
+            block = self.hash_to_block.get(h)
+            if block is None or self.block_key[block][1:] != (parent, tokens):
+                break
+            blocks.append(block)
+            parent = h
+        for block in blocks:  # touch: a hit makes the whole chain recently used
+            if block in self.idle:
+                self.idle.move_to_end(block)
+        return blocks
+
+    def cache_computed(self, seq: Sequence) -> None:
+        bs = self.block_size
+        num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        while len(seq.block_hashes) < num_full:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = chain_hash(parent, tokens)
+            seq.block_hashes.append(h)
+            block = seq.block_table[i]
+            if h not in self.hash_to_block and block not in self.block_key:
+                self.hash_to_block[h] = block
+                self.block_key[block] = (h, parent, tokens)
+
+    def release(self, seq: Sequence) -> None:
+        seq.block_hashes = []
+
+    def holds(self, block: int) -> bool:
+        return block in self.block_key
+
+    def on_referenced(self, block: int) -> None:
+        self.idle.pop(block, None)
+
+    def on_unreferenced(self, block: int) -> None:
+        self.idle[block] = None
+
+    def num_evictable_blocks(self) -> int:
+        return len(self.idle)
+
+    def num_cached_blocks(self) -> int:
+        return len(self.block_key)
+
+    def evict(self, num_blocks: int) -> int:
+        freed = 0
+        while freed < num_blocks and self.idle:
+            block, _ = self.idle.popitem(last=False)
+            h = self.block_key.pop(block)[0]
+            del self.hash_to_block[h]
+            self.block_manager.release_cached(block)
+            freed += 1
+        return freed

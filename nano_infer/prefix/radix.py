@@ -1,0 +1,175 @@
+"""Stage 04: a radix tree over token ids whose nodes own the KV blocks of their edge (SGLang's RadixAttention).
+
+Each edge is a run of tokens whose length is a whole number of blocks, and its node holds
+those blocks. Matching walks down from the root comparing tokens; a request that diverges
+inside an edge splits that node at the last whole block they share, so both branches keep
+the common part once. Because the cache hands out whole blocks (the unit a block table can
+point at), a match is rounded down to a block boundary; with `block_size=1` the tree is
+token-exact.
+
+A running request locks the nodes on its path (lock_ref counts how many do). Only unlocked
+leaves are evicted, least recently used first; evicting a leaf never breaks its parent,
+which may become an evictable leaf in turn. Compare the hash cache, where evicting a
+middle block strands the blocks after it.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from ..sequence import Sequence
+from .base import PrefixCache
+
+
+@dataclass(eq=False)
+class RadixNode:
+    tokens: tuple[int, ...]
+    blocks: list[int]
+    parent: RadixNode | None
+    children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: int = 0
+
+    @property
+    def depth(self) -> int:
+        """Tokens from the root to the end of this node's edge."""
+        return len(self.tokens) + (self.parent.depth if self.parent else 0)
+
+
+class RadixPrefixCache(PrefixCache):
+    def __init__(self, block_manager):
+        super().__init__(block_manager)
+        self.root = RadixNode((), [], None)
+        self.tree_blocks: set[int] = set()
+        self.evictable_blocks = 0  # blocks in nodes with lock_ref == 0
+        self._clock = itertools.count(1)
+
+    # -- walking -------------------------------------------------------------------------------
+    def _shared_blocks(self, node: RadixNode, tokens: list[int], pos: int) -> int:
+        """How many of `node`'s blocks equal the blocks of `tokens` starting at `pos`."""
+        bs, n = self.block_size, 0
+        while n < len(node.blocks) and pos + (n + 1) * bs <= len(tokens):
+            if tuple(tokens[pos + n * bs : pos + (n + 1) * bs]) != node.tokens[n * bs : (n + 1) * bs]:
+                break
+            n += 1
+        return n
+
+    def _walk(self, tokens: list[int], split: bool):
+        """Follow `tokens` down the tree. Returns (deepest node fully matched, blocks matched).
+
+        With split=True a match ending inside an edge splits that node there, so the
+        returned node ends exactly at the matched prefix.
+        """
+        bs, node, pos, blocks, now = self.block_size, self.root, 0, [], next(self._clock)
+        while pos + bs <= len(tokens):
+            child = node.children.get(tuple(tokens[pos : pos + bs]))
+            if child is None:
+                break
+            n = self._shared_blocks(child, tokens, pos)
+            child.last_access = now
+            blocks += child.blocks[:n]
+            if n < len(child.blocks):
+                if split:
+                    node = self._split(child, n)
+                break
+            node, pos = child, pos + len(child.tokens)
+        return node, blocks
+
+    def _split(self, node: RadixNode, n: int) -> RadixNode:
+        """Cut `node`'s edge after n blocks; the new upper half becomes its parent."""
+        bs = self.block_size
+        upper = RadixNode(node.tokens[: n * bs], node.blocks[:n], node.parent,
+                          lock_ref=node.lock_ref, last_access=node.last_access)
+        node.parent.children[upper.tokens[:bs]] = upper
+        node.tokens, node.blocks, node.parent = node.tokens[n * bs :], node.blocks[n:], upper
+        upper.children[node.tokens[:bs]] = node
+        return upper
+
+    # -- the PrefixCache interface -------------------------------------------------------------
+    def match(self, token_ids: list[int]) -> list[int]:
+        return self._walk(token_ids, split=False)[1]
+
+    def _lock(self, seq: Sequence, blocks: list[int]) -> None:
+        node, _ = self._walk(seq.token_ids[: len(blocks) * self.block_size], split=True)
+        self._set_lock(node, +1)
+        seq.prefix_node = node
+
+    def insert(self, tokens: list[int], blocks: list[int]) -> RadixNode:
+        """Add a block-aligned prefix; parts already in the tree keep the tree's blocks."""
+        bs = self.block_size
+        assert len(tokens) == len(blocks) * bs
+        node, matched = self._walk(tokens, split=True)
+        pos = node.depth
+        if pos < len(tokens):
+            leaf = RadixNode(tuple(tokens[pos:]), list(blocks[pos // bs :]), node, last_access=next(self._clock))
+            node.children[leaf.tokens[:bs]] = leaf
+            self.tree_blocks.update(leaf.blocks)
+            self.evictable_blocks += len(leaf.blocks)
+            node = leaf
+        return node
+
+    def cache_computed(self, seq: Sequence) -> None:
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        held = seq.prefix_node.depth if seq.prefix_node else 0
+        if num_full * self.block_size <= held:
+            return
+        node = self.insert(seq.token_ids[: num_full * self.block_size], seq.block_table[:num_full])
+        self._set_lock(node, +1)  # lock the new path before unlocking the old one (they overlap)
+        if seq.prefix_node is not None:
+            self._set_lock(seq.prefix_node, -1)
+        seq.prefix_node = node
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        if parent.prefix_node is not None:
+            self._set_lock(parent.prefix_node, +1)
+            child.prefix_node = parent.prefix_node
+
+    def release(self, seq: Sequence) -> None:
+        if seq.prefix_node is not None:
+            self._set_lock(seq.prefix_node, -1)
+            seq.prefix_node = None
+
+    def _set_lock(self, node: RadixNode, delta: int) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0 and delta > 0:
+                self.evictable_blocks -= len(node.blocks)
+            node.lock_ref += delta
+            assert node.lock_ref >= 0
+            if node.lock_ref == 0:
+                self.evictable_blocks += len(node.blocks)
+            node = node.parent
+
+    def holds(self, block: int) -> bool:
+        return block in self.tree_blocks
+
+    def num_evictable_blocks(self) -> int:
+        return self.evictable_blocks
+
+    def num_cached_blocks(self) -> int:
+        return len(self.tree_blocks)
+
+    def nodes(self):
+        """Every node but the root, parents before children."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def evict(self, num_blocks: int) -> int:
+        leaves = [(n.last_access, id(n), n) for n in self.nodes() if not n.children and n.lock_ref == 0]
+        heapq.heapify(leaves)
+        freed = 0
+        while freed < num_blocks and leaves:
+            _, _, leaf = heapq.heappop(leaves)
+            parent = leaf.parent
+            del parent.children[leaf.tokens[: self.block_size]]
+            for block in leaf.blocks:
+                self.tree_blocks.discard(block)
+                self.block_manager.release_cached(block)
+            freed += len(leaf.blocks)
+            self.evictable_blocks -= len(leaf.blocks)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(leaves, (parent.last_access, id(parent), parent))
+        return freed

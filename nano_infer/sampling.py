@@ -1,0 +1,47 @@
+"""Batched next-token selection: constraints -> temperature -> top-k -> top-p -> sample.
+
+All rows of a step go through one set of tensor ops. Greedy rows take the argmax of the
+raw (masked) logits. A sampled row draws with the exponential-race trick (argmax of
+p / E, E ~ Exp(1), which picks token i with probability p_i), so a per-request
+`torch.Generator` makes its draw reproducible whatever else is in the batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from .sequence import Sequence
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask (to -inf) everything outside each row's top-k and top-p nucleus. top_k <= 0 means off."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(logits.shape[-1], device=logits.device).expand_as(sorted_logits)
+    k = torch.where(top_k > 0, top_k, logits.shape[-1]).unsqueeze(1)
+    drop = rank >= k
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    # drop a token if the tokens ranked before it already cover top_p; the first always stays
+    drop |= (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    """logits [N, V] float32 for the N sequences that pick a token this step."""
+    for i, seq in enumerate(seqs):
+        if seq.constraint is not None:
+            logits[i] += seq.constraint.mask()
+    greedy = [seq.params.greedy for seq in seqs]
+    if all(greedy):
+        return logits.argmax(dim=-1).tolist()
+    params = [seq.params for seq in seqs]
+    device = logits.device
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
+    top_k = torch.tensor([p.top_k for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    probs = apply_top_k_top_p(logits / temps.unsqueeze(1), top_k, top_p).softmax(dim=-1)
+    noise = torch.empty_like(probs)
+    for i, seq in enumerate(seqs):
+        noise[i].exponential_(generator=seq.generator)
+    sampled = (probs / noise).argmax(dim=-1)
+    tokens = torch.where(torch.tensor(greedy, device=device), logits.argmax(dim=-1), sampled)
+    return tokens.tolist()

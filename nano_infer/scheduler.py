@@ -1,0 +1,145 @@
+"""Stage 05: which sequences run in the next engine step, and how many tokens each computes.
+
+Iteration-level (continuous) batching: every step is scheduled afresh under a token
+budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`):
+
+1. Running sequences first, in admission order: one token for a decode, or the next
+   chunk of a prompt still being prefilled. If the KV pool cannot hold a running
+   sequence's next token, the most recently admitted running sequence is preempted: its
+   blocks are freed and it goes back to the front of the queue, to be recomputed later
+   (with a prefix cache, most of that recompute is a cache hit).
+2. Then waiting requests, while budget and KV blocks last. A long prompt is split into
+   chunks (chunked prefill), so a step carries decode tokens and a prefill chunk together
+   and running requests never stall behind a long prompt.
+
+`policy="lpm"` orders the queue by longest prefix-cache match first (SGLang's default);
+`"fcfs"` keeps arrival order. `mode="static"` is the baseline: admit a batch only when
+the previous one has completely finished.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, tokens to compute)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, kv, prefix_cache, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: str = "fcfs", mode: str = "continuous", chunked_prefill: bool = True):
+        if policy not in ("fcfs", "lpm"):
+            raise ValueError(f"scheduler_policy={policy!r} is invalid: use 'fcfs' or 'lpm'")
+        if mode not in ("continuous", "static"):
+            raise ValueError(f"scheduler={mode!r} is invalid: use 'continuous' or 'static'")
+        if policy == "lpm" and prefix_cache is None:
+            raise ValueError("scheduler_policy='lpm' orders requests by prefix-cache match: set prefix_cache='hash' or 'radix'")
+        self.kv = kv  # BlockManager, ContiguousKVCache, or None (no cache: recompute everything)
+        self.prefix_cache = prefix_cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.policy = policy
+        self.mode = mode
+        self.chunked_prefill = chunked_prefill and kv is not None
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step -------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted and (self.mode == "continuous" or not self.running):
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _tokens_for(self, seq: Sequence, budget: int) -> int:
+        if self.kv is None:  # nothing is cached: every step recomputes the whole sequence
+            seq.num_computed_tokens = 0
+        n = seq.num_uncomputed_tokens
+        return min(n, budget) if self.chunked_prefill else n
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = self._tokens_for(seq, budget)
+            if n > budget and out.scheduled:
+                break
+            if self.kv is not None:
+                while not self.kv.can_allocate(seq, n):
+                    victim = self.running.pop()  # the most recently admitted
+                    self._preempt(victim)
+                    out.preempted.append(victim)
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
+                    break
+                self.kv.allocate(seq, n)
+            out.scheduled.append((seq, n))
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        if self.policy == "lpm" and len(self.waiting) > 1:
+            # stable sort: ties keep arrival order
+            self.waiting = deque(sorted(self.waiting, key=lambda s: -len(self.prefix_cache.match(s.token_ids))))
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if self.prefix_cache is not None:
+                self.prefix_cache.acquire(seq)
+            n = self._tokens_for(seq, budget)
+            if (n > budget and out.scheduled) or (self.kv is not None and not self.kv.can_allocate(seq, n)):
+                self._undo_admission(seq)
+                break
+            if self.kv is not None:
+                self.kv.allocate(seq, n)
+            if self.prefix_cache is not None:
+                self.prefix_cache.record_admission(seq)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, n))
+            budget -= n
+
+    def _undo_admission(self, seq: Sequence) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.release(seq)
+        if self.kv is not None:
+            self.kv.free(seq)
+        seq.num_computed_tokens = 0
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
+        self._undo_admission(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # -- leaving --------------------------------------------------------------------------------
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Free a sequence's KV; its full blocks stay in the prefix cache for later requests."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if self.prefix_cache is not None and seq.block_table:
+            self.prefix_cache.cache_computed(seq)
+        self._undo_admission(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,65 @@
+"""One sequence being generated: its tokens, how many have K/V computed, and where the K/V lives."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .sampling_params import SamplingParams
+
+_seq_counter = itertools.count()
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    index: int = 0  # which of the request's n samples this is
+    seq_id: int = field(default_factory=lambda: next(_seq_counter))
+    token_ids: list[int] = field(default_factory=list)  # prompt + generated so far
+    num_computed_tokens: int = 0  # tokens whose K/V is in the cache
+    num_cached_tokens: int = 0  # of the prompt, served by the prefix cache at admission
+    block_table: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    generator: object = None  # torch.Generator when params.seed is set
+    constraint: object = None  # nano_infer.constrained constraint, when the output is constrained
+    detokenizer: object = None  # IncrementalDetokenizer, created when text is needed while running
+    prefix_node: object = None  # radix tree node this sequence holds locked
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks (hash cache)
+    num_preemptions: int = 0
+
+    def __post_init__(self):
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
