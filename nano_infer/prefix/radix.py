@@ -30,11 +30,7 @@ class RadixNode:
     children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
-
-    @property
-    def depth(self) -> int:
-        """Tokens from the root to the end of this node's edge."""
-        return len(self.tokens) + (self.parent.depth if self.parent else 0)
+    depth: int = 0  # tokens from the root to the end of this node's edge
 
 
 class RadixPrefixCache(PrefixCache):
@@ -79,8 +75,8 @@ class RadixPrefixCache(PrefixCache):
     def _split(self, node: RadixNode, n: int) -> RadixNode:
         """Cut `node`'s edge after n blocks; the new upper half becomes its parent."""
         bs = self.block_size
-        upper = RadixNode(node.tokens[: n * bs], node.blocks[:n], node.parent,
-                          lock_ref=node.lock_ref, last_access=node.last_access)
+        upper = RadixNode(node.tokens[: n * bs], node.blocks[:n], node.parent, lock_ref=node.lock_ref,
+                          last_access=node.last_access, depth=node.parent.depth + n * bs)
         node.parent.children[upper.tokens[:bs]] = upper
         node.tokens, node.blocks, node.parent = node.tokens[n * bs :], node.blocks[n:], upper
         upper.children[node.tokens[:bs]] = node
@@ -102,7 +98,8 @@ class RadixPrefixCache(PrefixCache):
         node, matched = self._walk(tokens, split=True)
         pos = node.depth
         if pos < len(tokens):
-            leaf = RadixNode(tuple(tokens[pos:]), list(blocks[pos // bs :]), node, last_access=next(self._clock))
+            leaf = RadixNode(tuple(tokens[pos:]), list(blocks[pos // bs :]), node,
+                             last_access=next(self._clock), depth=len(tokens))
             node.children[leaf.tokens[:bs]] = leaf
             self.tree_blocks.update(leaf.blocks)
             self.evictable_blocks += len(leaf.blocks)
