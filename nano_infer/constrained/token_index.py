@@ -1,0 +1,106 @@
+"""Per DFA state: which tokens may come next, and the state each one leads to.
+
+Built once per (regex, vocabulary) by walking the vocabulary trie alongside the DFA from every
+state at once, one trie level per step: a (start state, trie node, DFA state) triple survives a
+level while the DFA accepts the node's byte, and every surviving node that spells a token
+records "from start state, this token leads to this state". At decode time the mask is then a
+lookup of a precomputed row, never a walk over the vocabulary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .byte_dfa import ByteDFA, reaches
+from .vocabulary import TokenVocabulary
+
+
+@dataclass(eq=False)
+class TokenIndex:
+    initial: int
+    accepting: np.ndarray  # [num_states] bool: EOS allowed
+    offsets: np.ndarray  # [num_states + 1]: state s owns tokens[offsets[s]:offsets[s + 1]]
+    tokens: np.ndarray  # int32, grouped by state
+    next_states: np.ndarray  # int32, aligned with tokens
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int
+    # Per state visited so far: its mask row by device (0.0 allowed, -inf not) and a dense
+    # next-state row (-1 = not allowed). A full table (states x vocabulary) would be hundreds
+    # of MB at a 151k vocabulary, while a generation visits few states.
+    mask_rows: dict = field(default_factory=dict, repr=False)
+    next_rows: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_states(self) -> int:
+        return len(self.accepting)
+
+    def allowed(self, state: int) -> np.ndarray:
+        """Text tokens allowed in `state` (EOS not included)."""
+        return self.tokens[self.offsets[state]:self.offsets[state + 1]]
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """The state after `token_id`, or -1 if the token is not allowed. EOS keeps the state."""
+        if token_id in self.eos_token_ids:
+            return state if self.accepting[state] else -1
+        row = self.next_rows.get(state)
+        if row is None:
+            lo, hi = self.offsets[state], self.offsets[state + 1]
+            row = self.next_rows[state] = np.full(self.vocab_size, -1, dtype=np.int32)
+            row[self.tokens[lo:hi]] = self.next_states[lo:hi]
+        return int(row[token_id]) if 0 <= token_id < self.vocab_size else -1
+
+    def mask_row(self, state: int, device: torch.device) -> torch.Tensor:
+        """[vocab_size] float32 on `device`: 0 for allowed tokens, -inf for the rest."""
+        row = self.mask_rows.get((state, device))
+        if row is None:
+            row = torch.full((self.vocab_size,), float("-inf"))
+            row[torch.from_numpy(self.allowed(state))] = 0.0
+            if self.accepting[state]:
+                row[list(self.eos_token_ids)] = 0.0
+            row = self.mask_rows[(state, device)] = row.to(device)
+        return row
+
+    @classmethod
+    def build(cls, dfa: ByteDFA, vocab: TokenVocabulary) -> "TokenIndex":
+        start, token, nxt = _walk(dfa, vocab.trie)
+        # Keep only transitions into states from which EOS stays reachable by whole tokens:
+        # a state the DFA can finish from might still need bytes no token sequence spells.
+        live = reaches(start, nxt, dfa.accepting)
+        if not live[dfa.initial]:
+            raise ValueError("no sequence of tokens from this vocabulary can complete a match")
+        keep = live[nxt] & live[start]
+        start, token, nxt = start[keep], token[keep], nxt[keep]
+        # Group by start state; a stable sort on 16-bit keys is a linear-time radix sort.
+        order = np.argsort(start.astype(np.uint16 if dfa.num_states <= 1 << 16 else np.int64), kind="stable")
+        offsets = np.searchsorted(start[order], np.arange(dfa.num_states + 1))
+        accepting = dfa.accepting & live
+        return cls(dfa.initial, accepting, offsets, token[order].astype(np.int32), nxt[order].astype(np.int32),
+                   tuple(sorted(vocab.eos_token_ids)), vocab.vocab_size)
+
+
+def _walk(dfa: ByteDFA, trie) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All (start state, token id, end state) with the token's bytes readable from start."""
+    table = dfa.transitions.reshape(-1)
+    has_token = np.diff(trie.token_start) > 0
+    # The frontier: one entry per (start state, trie node) still alive, with its DFA state.
+    start = np.arange(dfa.num_states, dtype=np.int32)
+    node = np.zeros(dfa.num_states, dtype=np.int64)
+    state = start.copy()
+    found = []
+    while len(start):
+        counts = trie.child_count[node]
+        first = np.cumsum(counts) - counts
+        child = np.repeat(trie.child_start[node] - first, counts) + np.arange(first[-1] + counts[-1])
+        child_state = table[np.repeat(state * 256, counts) + trie.edge_byte[child]]
+        ok = child_state >= 0
+        start, node, state = np.repeat(start, counts)[ok], child[ok], child_state[ok]
+        ends = has_token[node]
+        found.append((start[ends], node[ends], state[ends]))
+    start, node, state = (np.concatenate(parts) for parts in zip(*found))
+    # A node may spell several token ids (same bytes); one entry per id.
+    per_node = trie.token_start[node + 1] - trie.token_start[node]
+    which = np.repeat(np.arange(len(node)), per_node)
+    token = trie.token_ids[trie.token_start[node][which] + np.arange(len(which)) - (np.cumsum(per_node) - per_node)[which]]
+    return start[which], token, state[which]
