@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Sequence as Seq
 
 from tqdm.auto import tqdm
@@ -25,11 +26,12 @@ class LLM:
 
     def generate(self, prompts: str | list[str] | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 prompt_token_ids: list[list[int]] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
+                 prompt_token_ids: list[list[int]] | None = None, use_tqdm: bool | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order.
 
         All requests are queued first, so the scheduler batches them continuously; bad
-        input in any one raises ValueError before anything runs.
+        input in any one raises ValueError before anything runs. The progress bar over
+        finished requests shows by default when stderr is a terminal.
         """
         if prompts is None and prompt_token_ids is None:
             raise ValueError("give prompts (strings) or prompt_token_ids (lists of token ids)")
@@ -58,9 +60,11 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="requests", disable=not use_tqdm)
+        if use_tqdm is None:
+            use_tqdm = sys.stderr.isatty()
+        bar = tqdm(total=len(ids), desc="requests", unit="req", disable=not use_tqdm)
         try:
             while len(results) < len(ids):
                 for out in self.engine.step():
@@ -84,7 +88,7 @@ class LLM:
         return list(ids)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
-             use_tqdm: bool = False, **template_kwargs) -> list[RequestOutput]:
+             use_tqdm: bool | None = None, **template_kwargs) -> list[RequestOutput]:
         """One conversation (a list of messages) or several; the chat template is applied here."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         token_ids = [self.apply_chat_template(c, **template_kwargs) for c in conversations]

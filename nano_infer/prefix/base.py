@@ -33,7 +33,10 @@ class PrefixCache:
 
     # -- implemented by each cache -----------------------------------------------------------
     def match(self, token_ids: list[int]) -> list[int]:
-        """Blocks holding the longest cached prefix of `token_ids`, whole blocks only. No side effects."""
+        """Blocks holding the longest cached prefix of `token_ids`, whole blocks only.
+
+        Marks the matched entries as recently used; takes no references.
+        """
         raise NotImplementedError
 
     def cache_computed(self, seq: Sequence) -> None:
