@@ -208,14 +208,17 @@ def run_workload(llm, workload: ChatWorkload, max_tokens: int = 16, label: str |
 _staggered_ids = itertools.count()
 
 
-def run_staggered(llm, prompts: list[list[int]], max_tokens: int, steps_between: int = 2, on_step=None) -> list:
+def run_staggered(llm, prompts: list[list[int]], max_tokens: int, steps_between: int = 2, on_step=None,
+                  request_ids: list[str] | None = None) -> list:
     """Add a request every `steps_between` engine steps, so later ones arrive while earlier ones run.
 
     `on_step(engine, step_outputs)` is called after every step (e.g. to snapshot the radix
     tree). Returns the finished RequestOutputs in submission order.
     """
     engine, params, done = llm.engine, greedy(max_tokens), {}
-    ids = [f"staggered-{next(_staggered_ids)}" for _ in prompts]
+    ids = request_ids or [f"staggered-{next(_staggered_ids)}" for _ in prompts]
+    if len(ids) != len(prompts):
+        raise ValueError(f"{len(ids)} request_ids for {len(prompts)} prompts")
     pending = list(zip(ids, prompts))
     while pending or engine.has_unfinished_requests():
         if pending:
