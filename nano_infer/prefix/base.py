@@ -83,13 +83,21 @@ class PrefixCache:
         return len(blocks) * self.block_size
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """A forked child shares the parent's cached prefix."""
+        """A forked child shares the parent's cached prefix.
+
+        The parent's freshly computed blocks are cached first, so the child holds the same,
+        up-to-date prefix and keeps it even if the parent finishes at once.
+        """
+        self.cache_computed(parent)
         child.block_hashes = list(parent.block_hashes)
 
     def _lock(self, seq: Sequence, blocks: list[int]) -> None:
         """Radix tree: lock the matched path. The hash cache needs nothing: references protect blocks."""
 
     def record_admission(self, seq: Sequence) -> None:
+        """Count a request's prompt once: re-admission after preemption is recompute, not a new query."""
+        if seq.num_preemptions:
+            return
         self.stats.num_queries += 1
         self.stats.query_tokens += seq.num_prompt_tokens
         seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)

@@ -118,6 +118,7 @@ class RadixPrefixCache(PrefixCache):
         seq.prefix_node = node
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
+        self.cache_computed(parent)
         if parent.prefix_node is not None:
             self._set_lock(parent.prefix_node, +1)
             child.prefix_node = parent.prefix_node
