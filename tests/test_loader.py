@@ -1,6 +1,5 @@
 """Model choice and loading: the default model, the offline guard, dtype choice."""
 import socket
-import time
 
 import pytest
 import torch
@@ -25,11 +24,9 @@ def test_dtype_defaults_and_errors():
         pick_dtype(torch.device("cpu"), "fp8")
 
 
-def test_network_is_refused_fast_not_hung():
-    start = time.perf_counter()
-    with pytest.raises(OSError, match="network"):
+def test_network_is_refused_by_the_guard_not_left_to_time_out():
+    with pytest.raises(OSError, match="tests may not reach the network"):
         socket.create_connection(("93.184.216.34", 80), timeout=30)
-    assert time.perf_counter() - start < 5  # refused by the guard, not a 30 s timeout
 
 
 def test_missing_config_is_a_clear_error(tmp_path):
