@@ -1,0 +1,237 @@
+"""AsyncLLM: the engine on a thread of its own, streaming tokens to asyncio code.
+
+    llm = AsyncLLM()
+    async for out in llm.generate("Hello", SamplingParams(max_tokens=32)):
+        print(out.outputs[0].text, end="")     # each output carries only the new text
+
+`LLMEngine.step()` is a blocking forward pass (milliseconds on a CPU, tens of
+milliseconds for a big model on a GPU). A server that called it on its event loop would
+freeze every connection for that long, so the engine gets one background thread that owns
+it, and everything else talks to that thread through two one-way channels:
+
+    event loop thread(s)                         engine thread (the only one touching the engine)
+    generate() --- inbox.put(("add", ...)) --->  takes the inbox between steps: add / abort
+    await queue.get() <-- call_soon_threadsafe -- step() -> RequestOutput per request
+
+The inbox is a `queue.Queue`, made for threads: a lock inside, and a blocking `get` that
+lets an idle engine thread sleep until work arrives. The way back is one `asyncio.Queue`
+per request, and the engine thread never calls a method of it directly. An asyncio.Queue
+belongs to one event loop and is not thread-safe. `put_nowait` wakes a waiting `get()` by
+resolving a future, which schedules the waiter with `loop.call_soon`; called from another
+thread, that appends to the loop's ready list without waking the loop. A loop asleep in
+`select()` (idle, which is exactly when a client sits waiting for its next token) keeps
+sleeping, so the client hangs until something unrelated happens to wake the loop: a
+deadlock with no lock in sight. Two threads also mutate the queue's deque and the loop's
+ready list at once, which can corrupt them. `loop.call_soon_threadsafe(queue.put_nowait,
+item)` instead hands the call to the loop and writes a byte to the loop's self-pipe, which
+wakes `select()`; the put then runs on the loop's own thread.
+
+The engine thread also does all tokenizing (prompts, chat templates), so the tokenizer is
+never used from two threads at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from .engine import LLMEngine
+from .llm import LLM
+from .outputs import CompletionOutput, RequestOutput
+from .sampling_params import SamplingParams
+
+_STOP = None  # inbox message that ends the engine thread
+
+
+@dataclass(eq=False)
+class _Stream:
+    """Where one request's outputs go: a queue, and the event loop that owns it."""
+
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+class AsyncLLM:
+    def __init__(self, model: str | None = None, engine: LLMEngine | None = None, **engine_options):
+        self.engine = engine if engine is not None else LLMEngine(model, **engine_options)
+        self.tokenizer = self.engine.tokenizer
+        self.model_name = self.engine.model_name
+        self._inbox: queue.Queue = queue.Queue()
+        self._streams: dict[str, _Stream] = {}  # accepted requests; engine thread only
+        self._lock = threading.Lock()  # orders shutdown against new requests
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="nano_infer-engine", daemon=True)
+        self._thread.start()
+
+    apply_chat_template = LLM.apply_chat_template  # the same template code as the sync API
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- the caller's side (any event loop) ----------------------------------------------------
+    async def generate(self, prompt: str | list[int] | list[dict], params: SamplingParams | None = None,
+                       request_id: str | None = None, *, stream: bool = True) -> AsyncIterator[RequestOutput]:
+        """Run one request; yield RequestOutputs whose outputs hold only what is new.
+
+        `prompt` is a string, a list of token ids, or chat messages ([{"role", "content"}]).
+        Each yielded output's `text` and `token_ids` are the delta since the previous one
+        (so `"".join(...)` of the texts is the whole reply); only samples with something new
+        are included. `stream=False` yields once, at the end, with the whole text.
+        Bad input raises ValueError at the first iteration. Leaving the loop early (break,
+        cancellation, a disconnected client) aborts the request and frees its KV blocks.
+        """
+        params = params or SamplingParams()
+        s = _Stream(request_id or uuid.uuid4().hex, asyncio.get_running_loop())
+        self._send(("add", s, prompt, params, stream))
+        deltas = _Deltas(params)
+        done = False
+        try:
+            while not done:
+                item = await s.queue.get()
+                # Outputs are cumulative, so a consumer that fell behind skips to the newest.
+                while isinstance(item, RequestOutput) and not item.finished and not s.queue.empty():
+                    item = s.queue.get_nowait()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                done = item.finished
+                out = deltas.next(item)
+                if out is not None:
+                    yield out
+        finally:
+            if not done:
+                self._send(("abort", s))
+
+    def _send(self, message) -> None:
+        with self._lock:
+            if not self._closed:
+                self._inbox.put(message)
+            elif message[0] == "add":
+                raise RuntimeError("AsyncLLM is shut down")
+
+    def shutdown(self, timeout: float | None = 30) -> None:
+        """Stop the engine thread; requests still running end with a RuntimeError."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._inbox.put(_STOP)
+        self._thread.join(timeout)
+
+    # -- the engine thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        error: BaseException = RuntimeError("AsyncLLM was shut down")
+        try:
+            while self._take_inbox(block=not self.engine.has_unfinished_requests()):
+                if not self.engine.has_unfinished_requests():
+                    continue
+                try:
+                    outputs = self.engine.step()
+                except Exception as e:  # noqa: BLE001 - the requests get it; the loop lives on
+                    self._fail_all(e)
+                    continue
+                for out in outputs:
+                    self._deliver(out)
+        except BaseException as e:  # a bug here must not leave clients waiting forever
+            error = e
+            raise
+        finally:
+            with self._lock:
+                self._closed = True
+            self._fail_all(error)
+
+    def _take_inbox(self, block: bool) -> bool:
+        """Handle every message waiting in the inbox; when idle, first sleep until one comes.
+        Returns False on shutdown."""
+        try:
+            message = self._inbox.get(block=block)
+            while True:
+                if message is _STOP:
+                    return False
+                self._handle(*message)
+                message = self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _handle(self, kind: str, s: _Stream, *args) -> None:
+        if kind == "abort":
+            if self._streams.get(s.request_id) is s:  # not a rejected duplicate of a live id
+                del self._streams[s.request_id]
+                self.engine.abort_request(s.request_id)
+            return
+        prompt, params, stream = args
+        try:
+            if isinstance(prompt, str):
+                self.engine.add_request(s.request_id, prompt, params, stream=stream)
+            else:
+                if not isinstance(prompt, list) or not prompt:
+                    raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
+                token_ids = self.apply_chat_template(prompt) if isinstance(prompt[0], dict) else prompt
+                self.engine.add_request(s.request_id, None, params, prompt_token_ids=token_ids, stream=stream)
+        except Exception as e:  # noqa: BLE001 - bad input goes back to its caller only
+            self._push(s, e)
+        else:
+            self._streams[s.request_id] = s
+
+    def _deliver(self, out: RequestOutput) -> None:
+        s = self._streams.get(out.request_id)
+        if s is None:
+            return
+        if out.finished:
+            del self._streams[out.request_id]
+        if not self._push(s, out) and not out.finished:  # its event loop is gone
+            del self._streams[out.request_id]
+            self.engine.abort_request(out.request_id)
+
+    def _push(self, s: _Stream, item) -> bool:
+        try:
+            s.loop.call_soon_threadsafe(s.queue.put_nowait, item)
+            return True
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            return False
+
+    def _fail_all(self, error: BaseException) -> None:
+        """A step raised: every request in the engine was part of it, or queued behind a
+        state the step left half-done. Abort them all (freeing their blocks) and tell their
+        callers; the engine is then empty and clean for the next request."""
+        for request_id in list(self.engine.requests):
+            self.engine.abort_request(request_id)
+        for s in self._streams.values():
+            self._push(s, error)
+        self._streams.clear()
+
+
+class _Deltas:
+    """Turns the engine's cumulative outputs into deltas, sample by sample.
+
+    The engine cuts a stop string off the text once the whole of it has appeared, but by
+    then its first characters may already have been sent. So while a request runs, the last
+    `len(longest stop) - 1` characters are held back: a stop string can only start there.
+    """
+
+    def __init__(self, params: SamplingParams):
+        self.holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.sent_chars: dict[int, int] = {}
+        self.sent_tokens: dict[int, int] = {}
+        self.finished: set[int] = set()
+
+    def next(self, out: RequestOutput) -> RequestOutput | None:
+        deltas = []
+        for o in out.outputs:
+            if o.index in self.finished:
+                continue
+            chars, tokens = self.sent_chars.get(o.index, 0), self.sent_tokens.get(o.index, 0)
+            upto = len(o.text) if o.finished else max(chars, len(o.text) - self.holdback)
+            if upto == chars and len(o.token_ids) == tokens and not o.finished:
+                continue
+            deltas.append(CompletionOutput(o.index, o.text[chars:upto], o.token_ids[tokens:], o.finish_reason, o.stop_reason))
+            self.sent_chars[o.index], self.sent_tokens[o.index] = upto, len(o.token_ids)
+            if o.finished:
+                self.finished.add(o.index)
+        if not deltas and not out.finished:
+            return None
+        return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, deltas, out.finished, out.metrics)
