@@ -1,0 +1,38 @@
+"""`nano-infer serve`: the OpenAI-compatible server on a port, with the same engine options as `generate`.
+
+    nano-infer serve --model Qwen/Qwen2.5-1.5B-Instruct --port 8000 --max-num-seqs 32
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    from .cli import add_engine_args
+
+    p = subparsers.add_parser("serve", help="serve the OpenAI API (/v1/completions, /v1/chat/completions, ...)")
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: --model)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_engine_args(p)
+    p.set_defaults(func=serve)
+    return p
+
+
+def serve(args: argparse.Namespace) -> int:
+    from .async_engine import AsyncLLM
+    from .cli import engine_kwargs
+    from .server import run_server
+
+    try:
+        llm = AsyncLLM(args.model, **engine_kwargs(args))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        run_server(llm, args.host, args.port, args.served_model_name, args.log_level)
+    finally:
+        llm.shutdown()
+    return 0
