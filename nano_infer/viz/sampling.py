@@ -1,0 +1,68 @@
+"""Chapter 00's pictures: the next-token distribution before and after temperature / top-k / top-p.
+
+The widget recomputes the distribution with the engine's own `apply_top_k_top_p`, so what
+the sliders show is what `SamplingParams(temperature=, top_k=, top_p=)` samples from.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import torch
+
+from ..sampling import apply_top_k_top_p
+
+
+def token_label(tokenizer, token_id: int) -> str:
+    """A token as readable text: quoted, with spaces and newlines visible."""
+    return repr(tokenizer.decode([token_id]))
+
+
+def sampling_distribution(logits: torch.Tensor, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
+    """Probabilities [V] the sampler draws from for one row of logits; temperature 0 is greedy (one-hot)."""
+    logits = logits.float().view(1, -1)
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float().view(-1)
+    masked = apply_top_k_top_p(logits / temperature, torch.tensor([top_k]), torch.tensor([float(top_p)]))
+    return masked.softmax(dim=-1).view(-1)
+
+
+def next_token_figure(logits: torch.Tensor, tokenizer, temperature: float = 1.0, top_k: int = -1,
+                      top_p: float = 1.0, num_tokens: int = 20) -> go.Figure:
+    """Bars for the `num_tokens` most likely tokens: the model's softmax vs. what the sampler keeps."""
+    logits = logits.float().view(-1)
+    raw = logits.softmax(-1)
+    processed = sampling_distribution(logits, temperature, top_k, top_p)
+    top = raw.topk(num_tokens).indices.tolist()
+    labels = [f"{rank}: {token_label(tokenizer, t)}" for rank, t in enumerate(top)]  # unique x categories
+    kept = int((processed > 0).sum())
+    fig = go.Figure([
+        go.Bar(x=labels, y=raw[top].tolist(), name="softmax(logits)", marker_color="lightgray"),
+        go.Bar(x=labels, y=processed[top].tolist(), name="after temperature / top-k / top-p", marker_color="#1f77b4"),
+    ])
+    fig.update_layout(
+        title=f"T={temperature}, top_k={top_k}, top_p={top_p}: {kept} of {logits.numel()} tokens can be sampled",
+        barmode="group", yaxis_title="probability", xaxis_tickangle=-45, height=420,
+        legend=dict(orientation="h", y=1.02, yanchor="bottom"), margin=dict(t=80),
+    )
+    return fig
+
+
+def sampling_widget(logits: torch.Tensor, tokenizer, num_tokens: int = 20):
+    """Sliders for temperature, top_k (0 = off) and top_p that redraw `next_token_figure`."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    temperature = w.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature")
+    top_k = w.IntSlider(value=0, min=0, max=num_tokens, description="top_k (0=off)")
+    top_p = w.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top_p")
+    out = w.Output()
+
+    def redraw(_=None):
+        with out:
+            out.clear_output(wait=True)
+            k = top_k.value if top_k.value > 0 else -1
+            display(next_token_figure(logits, tokenizer, temperature.value, k, top_p.value, num_tokens))
+
+    for slider in (temperature, top_k, top_p):
+        slider.observe(redraw, names="value")
+    redraw()
+    return w.VBox([w.HBox([temperature, top_k, top_p]), out])
