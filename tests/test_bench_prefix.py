@@ -44,6 +44,12 @@ def test_workload_shapes(tokenizer):
     assert len(branch_starts) == 3 and all(p[:2] == trunk for p in branch_starts)
     assert len({p[2] for p in branch_starts}) == 3
 
+    wide = bp.branching_chat(tokenizer, num_branches=3, system_tokens=40, trunk_turns=2, branch_turns=2,
+                             breadth_first=True)
+    assert sorted(wide.paths) == sorted(tree.paths)
+    assert [len(p) for p in wide.paths] == [1, 2, 3, 3, 3, 4, 4, 4]  # every branch's first turn before any second
+    assert all(len(p) == 1 or p[:-1] in wide.paths[:i] for i, p in enumerate(wide.paths))
+
 
 def test_common_prefix():
     assert bp.common_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == [1, 2]
@@ -68,7 +74,7 @@ def llms(qwen2_dir):
 
 def test_prefill_tokens_are_prompt_minus_cached(llms, tokenizer):
     workloads = [bp.shared_system_prompt(tokenizer, 4, 60), bp.multi_turn_chat(tokenizer, 3, 20),
-                 bp.branching_chat(tokenizer, 2, 20, branch_turns=1)]
+                 bp.branching_chat(tokenizer, 2, 20, branch_turns=2, breadth_first=True)]
     for workload in workloads:
         results = {kind: bp.run_workload(llm, workload, max_tokens=4) for kind, llm in llms.items()}
         for kind, result in results.items():
@@ -118,7 +124,7 @@ def test_staggered_run_and_tree_snapshots(llms, tokenizer):
     llm = llms["radix"]
     cache = llm.engine.prefix_cache
     cache.clear()
-    on_step, snaps = vr.record_tree(cache, tokenizer)
+    on_step, snaps = vr.record_tree(cache, tokenizer.decode)
     outs = bp.run_staggered(llm, prompts, 6, steps_between=1, on_step=on_step, request_ids=["a", "b", "c"])
     assert [o.request_id for o in outs] == ["a", "b", "c"]
     alone = [bp.run_one(llms[None], p, 6)[0].output_token_ids for p in prompts]
@@ -132,3 +138,4 @@ def test_staggered_run_and_tree_snapshots(llms, tokenizer):
     fig = vr.tree_figure(last)
     bars = [t for t in fig.data if t.type == "bar"]
     assert sum(len(t.x) for t in bars) == len(last.nodes)
+    assert vr.tree_text(last).count("\n") == len(last.nodes)

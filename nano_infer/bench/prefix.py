@@ -106,19 +106,24 @@ def multi_turn_chat(tokenizer, num_turns: int, system_tokens: int) -> ChatWorklo
 
 
 def branching_chat(tokenizer, num_branches: int, system_tokens: int, trunk_turns: int = 1,
-                   branch_turns: int = 2) -> ChatWorkload:
+                   branch_turns: int = 2, breadth_first: bool = False) -> ChatWorkload:
     """Trunk A (trunk_turns turns), then num_branches continuations, each branch_turns turns long.
 
-    Branches run one after another (A+B, A+B+B', then A+C, A+C+C', ...), so by the time a
-    branch starts, the earlier branches have finished and their blocks are idle in the cache.
+    Depth first (the default), branches run one after another: A+B, A+B+B', then A+C, ...
+    Breadth first, every branch takes its first turn before any takes its second (A+B,
+    A+C, ..., then A+B+B', A+C+C', ...), so a branch comes back to the cache after the
+    others have run: what a server sees from several users continuing one shared thread.
     """
     qs = questions(trunk_turns + num_branches * branch_turns)
     trunk = tuple(qs[:trunk_turns])
     paths = [trunk[: i + 1] for i in range(trunk_turns)]
-    for b in range(num_branches):
-        own = qs[trunk_turns + b * branch_turns : trunk_turns + (b + 1) * branch_turns]
-        paths += [trunk + tuple(own[: i + 1]) for i in range(branch_turns)]
-    return ChatWorkload(f"branching ({num_branches} branches)", system_prompt(tokenizer, system_tokens), paths)
+    branches = [qs[trunk_turns + b * branch_turns : trunk_turns + (b + 1) * branch_turns] for b in range(num_branches)]
+    if breadth_first:
+        paths += [trunk + tuple(own[: i + 1]) for i in range(branch_turns) for own in branches]
+    else:
+        paths += [trunk + tuple(own[: i + 1]) for own in branches for i in range(branch_turns)]
+    order = "breadth first" if breadth_first else "depth first"
+    return ChatWorkload(f"branching ({num_branches} branches, {order})", system_prompt(tokenizer, system_tokens), paths)
 
 
 # -- running and measuring ---------------------------------------------------------------------
@@ -255,11 +260,15 @@ class TTFTComparison:
 def compare_ttft(llms: dict, prompts: list[list[int]], warmup: list[int] | None = None) -> TTFTComparison:
     """Time the first token of every prompt on every engine, engines taking turns.
 
-    `warmup` runs first on each engine, untimed: it fills the prefix caches with what the
-    prompts share (e.g. the system prompt) and warms up the model code. The order of the
-    engines rotates from prompt to prompt, so neither always runs first.
+    Every prefix cache is cleared first, so hits come only from `warmup` and the prompts
+    themselves. `warmup` runs first on each engine, untimed: it fills the caches with what
+    the prompts share (e.g. the system prompt) and warms up the model code. The order of
+    the engines rotates from prompt to prompt, so none always runs first.
     """
     labels = list(llms)
+    for llm in llms.values():
+        if llm.engine.prefix_cache is not None:
+            llm.engine.prefix_cache.clear()
     if warmup is not None:
         for label in labels:
             run_one(llms[label], warmup, 1)

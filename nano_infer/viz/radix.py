@@ -47,11 +47,14 @@ class TreeSnapshot:
         return tuple((n.key, n.start, n.end, n.lock_ref) for n in self.nodes)
 
 
-def snapshot(cache, tokenizer=None, title: str = "") -> TreeSnapshot:
-    """Copy the tree of a RadixPrefixCache now (walks `cache.nodes()`, parents before children)."""
+def snapshot(cache, decode=None, title: str = "") -> TreeSnapshot:
+    """Copy the tree of a RadixPrefixCache now (walks `cache.nodes()`, parents before children).
+
+    `decode(token_ids) -> str` labels the edges (e.g. `tokenizer.decode`); default: the ids.
+    """
     views = []
     for node in cache.nodes():
-        text = tokenizer.decode(list(node.tokens)) if tokenizer is not None else " ".join(map(str, node.tokens))
+        text = decode(list(node.tokens)) if decode is not None else " ".join(map(str, node.tokens))
         views.append(NodeView(
             key=id(node), parent=None if node.parent is cache.root else id(node.parent),
             start=node.depth - len(node.tokens), end=node.depth, blocks=list(node.blocks),
@@ -79,6 +82,22 @@ def _rows(nodes: list[NodeView]) -> dict[int, float]:
     for n in sorted(children.get(None, []), key=lambda c: c.text):
         place(n)
     return rows
+
+
+def tree_text(snap: TreeSnapshot) -> str:
+    """The tree as indented text: one line per node with its edge, size and lock count."""
+    children: dict[int | None, list[NodeView]] = {}
+    for n in snap.nodes:
+        children.setdefault(n.parent, []).append(n)
+    lines = ["root"]
+
+    def walk(parent, indent):
+        for n in sorted(children.get(parent, []), key=lambda c: c.text):
+            lines.append(f"{'  ' * indent}└─ {n.text!r}  [{n.end - n.start} tokens, blocks {n.blocks}, lock {n.lock_ref}]")
+            walk(n.key, indent + 1)
+
+    walk(None, 1)
+    return "\n".join(lines)
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -147,7 +166,7 @@ def tree_stepper(snapshots: list[TreeSnapshot]):
     return w.VBox([w.HBox([play, slider]), out])
 
 
-def record_tree(cache, tokenizer=None):
+def record_tree(cache, decode=None):
     """An `on_step(engine, outputs)` callback for `bench.prefix.run_staggered` and the list it fills.
 
     It snapshots the tree after every engine step whose picture differs from the last one,
@@ -161,7 +180,7 @@ def record_tree(cache, tokenizer=None):
         title = f"step {engine.num_steps}: running {', '.join(running) or '-'}"
         if done:
             title += f"; finished {', '.join(done)}"
-        snap = snapshot(cache, tokenizer, title)
+        snap = snapshot(cache, decode, title)
         if not snaps or snap.signature != snaps[-1].signature:
             snaps.append(snap)
 
