@@ -27,11 +27,9 @@ class VocabTrie:
     @classmethod
     def build(cls, token_bytes: dict[int, bytes]) -> "VocabTrie":
         """Trie of the non-empty byte strings in `token_bytes` (token id -> bytes)."""
-        ids_by_string: dict[bytes, list[int]] = {}
-        for tid, data in token_bytes.items():
-            if data:
-                ids_by_string.setdefault(data, []).append(tid)
-        strings = sorted(ids_by_string)
+        pairs = sorted((b, i) for i, b in token_bytes.items() if b)
+        strings = [b for b, _ in pairs]
+        ids = np.array([i for _, i in pairs], dtype=np.int64)
         n = len(strings)
         lengths = np.array([len(s) for s in strings], dtype=np.int64)
         width = int(lengths.max()) if n else 0
@@ -39,7 +37,8 @@ class VocabTrie:
         padded = padded.reshape(n, width)
 
         # Longest common prefix with the previous string in sorted order: string i opens a
-        # new node at depth d exactly when it differs from string i-1 within the first d bytes.
+        # new node at depth d exactly when it differs from string i-1 within the first d bytes
+        # (a string equal to the previous one, another id for the same bytes, opens none).
         lcp = np.zeros(n, dtype=np.int64)
         if n > 1:
             differ = padded[1:] != padded[:-1]
@@ -65,11 +64,6 @@ class VocabTrie:
         child_count = np.bincount(parent[1:], minlength=num_nodes).astype(np.int64)
         child_start = np.zeros(num_nodes, dtype=np.int64)
         child_start[parent[1:][::-1]] = np.arange(num_nodes - 1, 0, -1)  # first child wins
-
-        ids = [ids_by_string[s] for s in strings]
-        counts = np.zeros(num_nodes, dtype=np.int64)
-        counts[end_node] = [len(i) for i in ids]
-        token_start = np.concatenate([[0], np.cumsum(counts)])
-        order = np.argsort(end_node, kind="stable")
-        token_ids = np.array([t for i in order for t in ids[i]], dtype=np.int64)
+        token_start = np.concatenate([[0], np.cumsum(np.bincount(end_node, minlength=num_nodes))])
+        token_ids = ids[np.argsort(end_node, kind="stable")]
         return cls(np.concatenate(edge_byte), child_start, child_count, token_start, token_ids)

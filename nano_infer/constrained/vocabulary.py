@@ -8,12 +8,14 @@ tags) are control signals, not text: they never match a pattern, and EOS is hand
 """
 from __future__ import annotations
 
+import base64
 import json
 import re
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 from .trie import VocabTrie
 
@@ -65,6 +67,20 @@ class TokenVocabulary:
         if key not in per_tokenizer:
             per_tokenizer[key] = cls(_token_bytes(tokenizer, vocab_size), key[1])
         return per_tokenizer[key]
+
+    @classmethod
+    def from_tiktoken(cls, path, vocab_size: int | None = None, eos_token_ids=()) -> "TokenVocabulary":
+        """The vocabulary in a tiktoken ranks file ("<base64 bytes> <id>" per line).
+
+        Such files (OpenAI's encodings, Qwen's qwen.tiktoken) store every token's bytes
+        directly; special tokens are not in them, so their ids stay None.
+        """
+        ranks = [line.split() for line in Path(path).read_text().splitlines() if line]
+        size = max(int(i) for _, i in ranks) + 1
+        token_bytes: list[bytes | None] = [None] * max(size, vocab_size or 0)
+        for data, i in ranks:
+            token_bytes[int(i)] = base64.b64decode(data)
+        return cls(token_bytes, frozenset(eos_token_ids))
 
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
