@@ -26,6 +26,7 @@ REGEXES = [
     r"[^a-z]{2,5}",
     r".{0,6}x",
     r"(name|age): [a-z ]{0,10}\n",
+    r"^(yes|no)!?$",
 ]
 
 

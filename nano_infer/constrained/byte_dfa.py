@@ -47,8 +47,9 @@ class ByteDFA:
 
     @classmethod
     def from_regex(cls, pattern: str) -> "ByteDFA":
+        """The DFA of strings that match `pattern` in full (like re.fullmatch)."""
         try:
-            fsm = interegular.parse_pattern(pattern).to_fsm()
+            fsm = interegular.parse_pattern(strip_anchors(pattern)).to_fsm()
         except Exception as e:  # interegular raises its own Unsupported / InvalidSyntax
             raise ValueError(f"cannot compile regex {pattern!r}: {type(e).__name__}: {e}") from e
         states, initial, accepting = _char_transitions(fsm)
@@ -57,6 +58,16 @@ class ByteDFA:
         if dfa is None:
             raise ValueError(f"regex {pattern!r} matches no string")
         return _minimise(dfa)
+
+
+def strip_anchors(pattern: str) -> str:
+    """Drop a leading ^ and a trailing (unescaped) $: the whole output must match anyway."""
+    if pattern.startswith("^"):
+        pattern = pattern[1:]
+    trailing_backslashes = len(pattern[:-1]) - len(pattern[:-1].rstrip("\\"))
+    if pattern.endswith("$") and trailing_backslashes % 2 == 0:
+        pattern = pattern[:-1]
+    return pattern
 
 
 def _char_transitions(fsm) -> tuple[list[list[tuple[int, int, int]]], int, set[int]]:

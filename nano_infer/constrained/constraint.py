@@ -10,7 +10,7 @@ from .json_schema import escape, json_schema_to_regex
 from .token_index import TokenIndex
 from .vocabulary import TokenVocabulary
 
-INDEX_CACHE_SIZE = 32  # token indexes kept per vocabulary, least recently used dropped first
+INDEX_CACHE_SIZE = 8  # token indexes kept per vocabulary (with their mask rows), least recently used dropped first
 
 
 @dataclass(eq=False)

@@ -20,6 +20,8 @@ import json
 
 import interegular
 
+from .byte_dfa import strip_anchors
+
 # One character of a JSON string: anything but '"', '\' and control characters, or an escape.
 # \u escapes of surrogates are left out: a lone one is not a character, and a pair would
 # count as two characters here but one after decoding (minLength/maxLength would be off).
@@ -216,10 +218,7 @@ def _json_safe_pattern(pattern, path: str) -> str:
     """
     if not isinstance(pattern, str):
         raise ValueError(f"'pattern' at {path} must be a string")
-    if pattern.startswith("^"):
-        pattern = pattern[1:]
-    if pattern.endswith("$") and not pattern.endswith("\\$"):
-        pattern = pattern[:-1]
+    pattern = strip_anchors(pattern)
     try:
         fsm = interegular.parse_pattern(pattern).to_fsm()
     except Exception as e:

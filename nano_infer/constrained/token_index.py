@@ -21,35 +21,46 @@ from .vocabulary import TokenVocabulary
 class TokenIndex:
     initial: int
     accepting: np.ndarray  # [num_states] bool: EOS allowed
+    live: np.ndarray  # [num_states] bool: some token sequence still reaches an accepting state
     offsets: np.ndarray  # [num_states + 1]: state s owns tokens[offsets[s]:offsets[s + 1]]
     tokens: np.ndarray  # int32, grouped by state
     next_states: np.ndarray  # int32, aligned with tokens
+    transitions: list[list[int]]  # the byte DFA as nested lists: the fastest per-byte lookup
+    token_bytes: list[bytes | None]  # the vocabulary's
     eos_token_ids: tuple[int, ...]
-    vocab_size: int
-    # Per state visited so far: its mask row by device (0.0 allowed, -inf not) and a dense
-    # next-state row (-1 = not allowed). A full table (states x vocabulary) would be hundreds
-    # of MB at a 151k vocabulary, while a generation visits few states.
+    # Mask rows of the states visited so far, by (state, device). A full table would cost
+    # states x vocabulary x 4 bytes (hundreds of MB at a 151k vocabulary, for one schema),
+    # while a generation visits few states: 0.6 MB each at that size.
     mask_rows: dict = field(default_factory=dict, repr=False)
-    next_rows: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_states(self) -> int:
         return len(self.accepting)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.token_bytes)
 
     def allowed(self, state: int) -> np.ndarray:
         """Text tokens allowed in `state` (EOS not included)."""
         return self.tokens[self.offsets[state]:self.offsets[state + 1]]
 
     def next_state(self, state: int, token_id: int) -> int:
-        """The state after `token_id`, or -1 if the token is not allowed. EOS keeps the state."""
+        """The state after `token_id`, or -1 if the token is not allowed. EOS keeps the state.
+
+        Reads the token's few bytes through the DFA rather than searching the state's token
+        list, which can hold most of the vocabulary.
+        """
         if token_id in self.eos_token_ids:
             return state if self.accepting[state] else -1
-        row = self.next_rows.get(state)
-        if row is None:
-            lo, hi = self.offsets[state], self.offsets[state + 1]
-            row = self.next_rows[state] = np.full(self.vocab_size, -1, dtype=np.int32)
-            row[self.tokens[lo:hi]] = self.next_states[lo:hi]
-        return int(row[token_id]) if 0 <= token_id < self.vocab_size else -1
+        data = self.token_bytes[token_id] if 0 <= token_id < self.vocab_size else None
+        if not data:
+            return -1
+        for byte in data:
+            state = self.transitions[state][byte]
+            if state < 0:
+                return -1
+        return state if self.live[state] else -1
 
     def mask_row(self, state: int, device: torch.device) -> torch.Tensor:
         """[vocab_size] float32 on `device`: 0 for allowed tokens, -inf for the rest."""
@@ -75,9 +86,9 @@ class TokenIndex:
         # Group by start state; a stable sort on 16-bit keys is a linear-time radix sort.
         order = np.argsort(start.astype(np.uint16 if dfa.num_states <= 1 << 16 else np.int64), kind="stable")
         offsets = np.searchsorted(start[order], np.arange(dfa.num_states + 1))
-        accepting = dfa.accepting & live
-        return cls(dfa.initial, accepting, offsets, token[order].astype(np.int32), nxt[order].astype(np.int32),
-                   tuple(sorted(vocab.eos_token_ids)), vocab.vocab_size)
+        return cls(dfa.initial, dfa.accepting, live, offsets, token[order].astype(np.int32),
+                   nxt[order].astype(np.int32), dfa.transitions.tolist(), vocab.token_bytes,
+                   tuple(sorted(vocab.eos_token_ids)))
 
 
 def _walk(dfa: ByteDFA, trie) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
