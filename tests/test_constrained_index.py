@@ -75,13 +75,14 @@ def test_allowed_tokens_equal_outlines_core(name, outlines_vocabulary):
         ours = build_constraint(SamplingParams(regex=pattern), vocab, "cpu")
         theirs = index.get_initial_state()
         for step in range(40):
-            expected, got = set(index.get_allowed_tokens(theirs)), allowed_ids(ours)
+            # Text tokens compared here, EOS apart (outlines-core versions differ on listing it).
+            expected, got = set(index.get_allowed_tokens(theirs)) - {eos}, allowed_ids(ours) - {eos}
             assert got >= expected, f"{name}, step {step}: tokens missing"
             unexplained = {t for t in got - expected
                            if not dropped_by_outlines(dfa, ours.state, vocab.token_bytes[t])}
             assert not unexplained, f"{name}, step {step}: extra tokens {sorted(unexplained)}"
-            assert ours.is_accepting == index.is_final_state(theirs)
-            options = sorted(allowed_ids(ours) - {eos})
+            assert ours.is_accepting == index.is_final_state(theirs) == (eos in allowed_ids(ours))
+            options = sorted(got)
             if path is not None:
                 if step == len(path):
                     assert ours.is_accepting

@@ -59,6 +59,7 @@ def test_json_schema_at_qwen_scale_matches_outlines_core(qwen_vocab):
         got = allowed_ids(ours) - {ENDOFTEXT, IM_END}
         assert got >= expected, f"step {step}: tokens missing"
         assert all(dropped_by_outlines(dfa, ours.state, qwen_vocab.token_bytes[t]) for t in got - expected), step
+        assert ours.is_accepting == index.is_final_state(theirs)
         assert max(got) < 151643  # special tokens and padded rows never
         ours.advance(token)
         theirs = index.get_next_state(theirs, token)

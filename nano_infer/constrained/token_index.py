@@ -101,17 +101,20 @@ def _walk(dfa: ByteDFA, trie) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     state = start.copy()
     found = []
     while len(start):
-        counts = trie.child_count[node]
-        first = np.cumsum(counts) - counts
-        child = np.repeat(trie.child_start[node] - first, counts) + np.arange(first[-1] + counts[-1])
-        child_state = table[np.repeat(state * 256, counts) + trie.edge_byte[child]]
+        parent, child = _expand(trie.child_start[node], trie.child_count[node])
+        child_state = table[state[parent] * 256 + trie.edge_byte[child]]
         ok = child_state >= 0
-        start, node, state = np.repeat(start, counts)[ok], child[ok], child_state[ok]
+        start, node, state = start[parent[ok]], child[ok], child_state[ok]
         ends = has_token[node]
         found.append((start[ends], node[ends], state[ends]))
     start, node, state = (np.concatenate(parts) for parts in zip(*found))
-    # A node may spell several token ids (same bytes); one entry per id.
-    per_node = trie.token_start[node + 1] - trie.token_start[node]
-    which = np.repeat(np.arange(len(node)), per_node)
-    token = trie.token_ids[trie.token_start[node][which] + np.arange(len(which)) - (np.cumsum(per_node) - per_node)[which]]
-    return start[which], token, state[which]
+    # A node may spell several token ids (same bytes): one entry per id.
+    which, at = _expand(trie.token_start[node], np.diff(trie.token_start)[node])
+    return start[which], trie.token_ids[at], state[which]
+
+
+def _expand(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ranges [starts[i], starts[i] + counts[i]) laid end to end, with each element's i."""
+    which = np.repeat(np.arange(len(counts)), counts)
+    first = np.cumsum(counts) - counts
+    return which, starts[which] + np.arange(len(which)) - first[which]
