@@ -1,1 +1,6 @@
-"""Workloads and side-by-side benchmarks."""
+"""Workloads and side-by-side benchmarks: nano_infer against transformers on the same weights.
+
+`python -m nano_infer.bench` runs the comparison (see `__main__`); the pieces are here
+for notebooks and tests: a workload (`workload`), one runner per engine (`throughput`),
+the alternating rounds and medians (`compare`), the matmul roofline (`roofline`).
+"""

@@ -1,0 +1,49 @@
+"""How far from the hardware's matmul speed: FLOPs per generated token vs. a large matmul.
+
+Decoding a token runs every weight matrix once on one row (2 FLOPs per weight: a
+multiply and an add) plus attention over the context (q.k and p.v: 2 x 2 FLOPs per
+head dimension per key). Multiply by tokens/s and divide by what one large square
+matmul achieves on the same machine, measured in the same run, and you get the fraction
+of the roofline the engine reaches. Small batches and Python overhead keep it well
+below 1; a perfectly batched decode of a big model approaches it.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def matmul_gflops(n: int | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                  repeats: int = 5) -> float:
+    """Best of `repeats` timings of an n x n @ n x n matmul, in GFLOP/s."""
+    device = torch.device(device)
+    n = n or (8192 if device.type == "cuda" else 1024)
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first is a warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def matmul_params(config) -> int:
+    """Weights that take part in a matmul for every token: attention and MLP projections, and the LM head."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * config.intermediate_size
+    return layers * per_layer + hidden * config.vocab_size
+
+
+def flops_per_token(config, context_len: float) -> float:
+    """Forward FLOPs for one decoded token that attends over `context_len` keys."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    attention = 4 * config.num_hidden_layers * config.num_attention_heads * head_dim * context_len
+    return 2 * matmul_params(config) + attention

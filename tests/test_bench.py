@@ -1,0 +1,117 @@
+"""Plumbing of `python -m nano_infer.bench` on a tiny workload: right counts, right sums, a JSON report.
+
+No timing is asserted: only that every engine generates exactly the requested tokens and
+that the reported figures are computed from the per-round numbers the way they claim.
+"""
+import json
+import statistics
+
+import pytest
+import torch
+
+from nano_infer.bench.__main__ import main
+from nano_infer.bench.compare import Bench, mean_decode_context
+from nano_infer.bench.random_model import random_qwen2_model
+from nano_infer.bench.roofline import flops_per_token, matmul_params
+from nano_infer.bench.workload import (BenchRequest, Workload, make_workload, ordinary_token_ids, percentile,
+                                       result_from_token_times)
+
+
+def test_workload_same_lengths_fresh_tokens_each_round(tokenizer):
+    ids = ordinary_token_ids(tokenizer)
+    assert not set(ids) & set(tokenizer.all_special_ids) and len(ids) == len(tokenizer) - len(tokenizer.all_special_ids)
+    a, b = make_workload(20, ids, seed=3, round=1), make_workload(20, ids, seed=3, round=2)
+    assert [(len(r.prompt_token_ids), r.max_tokens) for r in a.requests] == [(len(r.prompt_token_ids), r.max_tokens) for r in b.requests]
+    assert [r.prompt_token_ids for r in a.requests] != [r.prompt_token_ids for r in b.requests]
+    assert make_workload(20, ids, seed=3, round=1).requests == a.requests
+    assert all(16 <= len(r.prompt_token_ids) <= 192 and 32 <= r.max_tokens <= 96 for r in a.requests)
+    assert all(t in set(ids) for r in a.requests for t in r.prompt_token_ids)
+
+
+def test_percentile_nearest_rank():
+    values = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert [percentile(values, q) for q in (0, 20, 50, 99, 100)] == [1.0, 1.0, 3.0, 5.0, 5.0]
+    assert percentile(list(range(1, 101)), 99) == 99
+
+
+def test_result_from_token_times():
+    wl = Workload("w", [BenchRequest([1, 2], 3), BenchRequest([3], 2)], 0)
+    r = result_from_token_times("e", [[0.5, 0.7, 1.0], [0.2, 0.6]], wl, cpu_s=0.5)
+    assert r.output_tokens == 5 and r.wall_s == 1.0 and r.ttft_s == [0.5, 0.2]
+    assert r.itl_s == pytest.approx([0.2, 0.3, 0.4])
+    assert r.summary()["tokens_per_s"] == 5.0 and r.summary()["tokens_per_cpu_s"] == 10.0
+    with pytest.raises(RuntimeError, match="asked for 2 tokens and got 1"):
+        result_from_token_times("e", [[0.5, 0.7, 1.0], [0.2]], wl, cpu_s=0.5)
+
+
+def test_mean_decode_context():
+    # 10-token prompt, 2 outputs: the first comes from the prefill's last position (10 keys), the second from
+    # the decode of the first (11 keys); a 4-token prompt with 1 output: 4 keys
+    wl = Workload("w", [BenchRequest([0] * 10, 2), BenchRequest([0] * 4, 1)], 0)
+    assert mean_decode_context(wl) == pytest.approx((10 + 11 + 4) / 3)
+
+
+def test_flops_count_matches_the_model_weights(qwen2_dir):
+    from model_factory import hf_model
+
+    model = hf_model(qwen2_dir)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert matmul_params(model.config) == linear  # the tied LM head is one of the Linear modules
+    cfg = model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    assert flops_per_token(cfg, 100) == 2 * linear + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * 100
+
+
+def test_random_model_has_the_shape_and_ties_the_head(tmp_path, qwen2_dir):
+    from transformers import AutoModelForCausalLM
+
+    dims = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                intermediate_size=96, max_position_embeddings=256, tie_word_embeddings=True)
+    folder = random_qwen2_model(qwen2_dir, dims, out_dir=tmp_path / "m")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert model.config.hidden_size == 48 and model.config.num_key_value_heads == 2
+    assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    assert random_qwen2_model(qwen2_dir, dims, out_dir=tmp_path / "m") == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
+
+
+@pytest.fixture(scope="module")
+def bench(qwen2_dir):
+    b = Bench(qwen2_dir, static_batch_size=2)
+    yield b
+    b.close()
+
+
+def test_every_engine_generates_the_requested_tokens(bench):
+    result = bench.run(3, rounds=2, prompt_len=(4, 12), output_len=(2, 6), log=lambda *_: None)
+    wanted = result["output_tokens"]
+    assert set(result["median"]) == {"nano_infer", "hf_static_b2", "hf_continuous"}
+    for name, rows in result["per_round"].items():
+        assert len(rows) == 2
+        assert all(row["output_tokens"] == wanted for row in rows), name
+        assert all(row["ttft_p50_ms"] <= row["ttft_p99_ms"] for row in rows)
+    nano = result["per_round"]["nano_infer"]
+    assert all(row["kv_used_mb"] <= row["kv_reserved_mb"] <= row["kv_pool_mb"] for row in nano)
+    for name in ("hf_static_b2", "hf_continuous"):
+        per_round = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(nano, result["per_round"][name])]
+        assert result["ratios"][f"nano_infer / {name}"]["median"] == pytest.approx(statistics.median(per_round))
+    assert result["median"]["nano_infer"]["tokens_per_s"] == pytest.approx(
+        statistics.median(row["tokens_per_s"] for row in nano))
+
+
+def test_nano_runs_leave_the_engine_clean(bench):
+    bench.run(2, rounds=1, prompt_len=(4, 8), output_len=(2, 3), log=lambda *_: None)
+    assert not bench.engine.has_unfinished_requests()
+    assert not bench.engine.scheduler.running and not bench.engine.scheduler.waiting
+
+
+def test_command_line_writes_a_json_report(tmp_path, qwen2_dir, capsys):
+    report = main(["--quick", "--model", str(qwen2_dir), "--requests", "2", "--engines", "nano_infer", "hf_continuous",
+                   "--out", str(tmp_path)])
+    files = list(tmp_path.glob("bench-*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text()) == json.loads(json.dumps(report))
+    workload = report["models"][0]["workloads"][0]
+    assert workload["num_requests"] == 2 and set(workload["ratios"]) == {"nano_infer / hf_continuous"}
+    assert 0 < workload["roofline"]["nano_infer"]
+    assert "nano_infer / hf_continuous" in capsys.readouterr().out
