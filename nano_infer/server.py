@@ -124,7 +124,10 @@ def build_app(llm: AsyncLLM, served_model_name: str | None = None) -> FastAPI:
             detail = err.get("ctx", {}).get("error", err["msg"])
             return APIError(400, f"the request body is not valid JSON ({detail})").response()
         loc = [str(x) for x in err["loc"][1:]]  # drop "body"
-        return APIError(400, f"{'.'.join(loc)}: {err['msg']}" if loc else err["msg"], param=loc[0] if loc else None).response()
+        if not loc:
+            return APIError(400, f"the request body must be a JSON object, sent with Content-Type: application/json "
+                                 f"({err['msg']})").response()
+        return APIError(400, f"{'.'.join(loc)}: {err['msg']}", param=loc[0]).response()
 
     @app.exception_handler(HTTPException)
     async def _http(request, exc: HTTPException):

@@ -113,16 +113,19 @@ def test_bad_input_raises_value_error_and_the_loop_lives_on(allm, ref):
         asyncio.run(collect(allm, "hi", SamplingParams(max_tokens=10**6)))
 
     async def duplicate_id():
-        first = allm.generate("To be, or not", SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), "dup")
-        text = (await anext(first)).outputs[0].text
+        first = allm.generate("To be, or not", SamplingParams(temperature=0, max_tokens=400, ignore_eos=True), "dup")
+        tokens = (await anext(first)).outputs[0].token_ids
         with pytest.raises(ValueError, match="already in use"):
             await collect(allm, "The quick", request_id="dup")
         async for out in first:  # the request already running under that id is untouched
-            text += out.outputs[0].text
-        return text
+            tokens += out.outputs[0].token_ids
+            if len(tokens) >= 30:
+                break
+        await first.aclose()
+        return tokens[:30]
 
     want = ref.generate(["To be, or not"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0].outputs[0]
-    assert asyncio.run(duplicate_id()) == want.text
+    assert asyncio.run(duplicate_id()) == want.token_ids
     assert_all_blocks_free(allm)
 
 
@@ -158,15 +161,15 @@ def test_leaving_early_aborts_and_frees_blocks(allm, monkeypatch):
 
 
 def test_an_engine_error_reaches_the_requests_in_flight_and_the_loop_lives_on(allm, ref, monkeypatch):
-    run, calls = allm.engine.runner.run, []
+    run, failed = allm.engine.runner.run, []
 
-    def fails_on_the_third_step(*args):
-        calls.append(1)
-        if len(calls) == 3:
+    def fails_once_both_are_running(*args):
+        if not failed and len(allm.engine.requests) == 2:
+            failed.append(True)
             raise RuntimeError("boom: the forward pass failed")
         return run(*args)
 
-    monkeypatch.setattr(allm.engine.runner, "run", fails_on_the_third_step)
+    monkeypatch.setattr(allm.engine.runner, "run", fails_once_both_are_running)
 
     async def two():
         return await asyncio.gather(collect(allm, "To be"), collect(allm, "The quick"), return_exceptions=True)
@@ -203,7 +206,7 @@ def test_a_consumer_that_falls_behind_gets_one_merged_delta(allm, ref):
         return pieces
 
     pieces = asyncio.run(lagging())
-    assert len(pieces) == 2  # the first token, then everything queued since, merged
+    assert len(pieces) <= 2  # the first token(s), then everything queued since, merged (not 24 pieces)
     assert "".join(pieces) == ref.generate(["To be, or not"], GREEDY)[0].outputs[0].text
 
 
