@@ -129,6 +129,7 @@ def branching_chat(tokenizer, num_branches: int, system_tokens: int, trunk_turns
 # -- running and measuring ---------------------------------------------------------------------
 @dataclass
 class RequestRecord:
+    prompt_token_ids: list[int]
     prompt_tokens: int
     cached_tokens: int  # served by the prefix cache (RequestOutput.num_cached_tokens)
     prefill_tokens: int  # prompt tokens the model computed: forward tokens minus decode tokens
@@ -184,8 +185,10 @@ def run_one(llm, prompt_ids: list[int], max_tokens: int) -> tuple[RequestRecord,
     forward = engine.runner.num_forward_tokens - before
     decode = max(0, len(out.outputs[0].token_ids) - 1)  # the last sampled token is never fed back
     cache = engine.prefix_cache
-    record = RequestRecord(len(prompt_ids), out.num_cached_tokens, forward - decode, list(out.outputs[0].token_ids),
-                           out.metrics.ttft, cache.num_cached_blocks() if cache is not None else 0)
+    record = RequestRecord(
+        prompt_token_ids=list(prompt_ids), prompt_tokens=len(prompt_ids), cached_tokens=out.num_cached_tokens,
+        prefill_tokens=forward - decode, output_token_ids=list(out.outputs[0].token_ids), ttft=out.metrics.ttft,
+        cached_blocks=cache.num_cached_blocks() if cache is not None else 0)
     return record, out
 
 

@@ -93,7 +93,7 @@ def tree_text(snap: TreeSnapshot) -> str:
 
     def walk(parent, indent):
         for n in sorted(children.get(parent, []), key=lambda c: c.text):
-            lines.append(f"{'  ' * indent}└─ {n.text!r}  [{n.end - n.start} tokens, blocks {n.blocks}, lock {n.lock_ref}]")
+            lines.append(f"{'  ' * indent}└─ {_short(n.text)!r}  [{n.end - n.start} tokens, blocks {n.blocks}, lock {n.lock_ref}]")
             walk(n.key, indent + 1)
 
     walk(None, 1)
