@@ -25,8 +25,9 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
+@torch.inference_mode()
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """logits [N, V] float32 for the N sequences that pick a token this step."""
+    """logits [N, V] float32 for the N sequences that pick a token this step (modified in place)."""
     for i, seq in enumerate(seqs):
         if seq.constraint is not None:
             logits[i] += seq.constraint.mask()
