@@ -215,6 +215,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         query = base[:cut] + data.draw(st.lists(st.integers(0, self.alphabet - 1), max_size=6))
         assert self.cache.match(query) == self.expected_match(query)
 
+    @precondition(lambda self: self.cache.num_evictable_blocks())
     @rule(num_blocks=st.integers(1, 5))
     def evict(self, num_blocks):
         lru_first = self.least_recently_used_evictable()
