@@ -10,7 +10,8 @@ budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`):
    (with a prefix cache, most of that recompute is a cache hit).
 2. Then waiting requests, while budget and KV blocks last. A long prompt is split into
    chunks (chunked prefill), so a step carries decode tokens and a prefill chunk together
-   and running requests never stall behind a long prompt.
+   and running requests never stall behind a long prompt. (With chunked prefill off, a
+   prompt longer than the budget still runs, alone in its step.)
 
 `policy="lpm"` orders the queue by longest prefix-cache match first (SGLang's default);
 `"fcfs"` keeps arrival order. `mode="static"` is the baseline: admit a batch only when
