@@ -72,7 +72,6 @@ def test_a_bad_constraint_is_refused_and_the_engine_keeps_serving(llm):
     check(llm.generate(["x"], SamplingParams(json_schema=SCHEMA, temperature=0, max_tokens=120)))
 
 
-@pytest.mark.skipif(not (TINY_MODEL_DIR / "config.json").exists(), reason="the tiny model is not built")
 def test_shipped_tiny_model_extracts_json():
     llm = LLM(str(TINY_MODEL_DIR))
     prompts = ["Ada is 36 and lives in Paris.", "小明住在北京。"]
