@@ -60,7 +60,7 @@ def parse_args(argv=None):
 def command_line(args) -> str:
     defaults = vars(parse_args([]))
     extra = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-             if k not in ("out", "data") and v != defaults[k]]
+             if k not in ("out", "data", "skip_train") and v != defaults[k]]
     return " ".join([".venv/bin/python scripts/make_tiny_model.py"] + extra)
 
 
@@ -160,8 +160,13 @@ def main(argv=None) -> None:
         with torch.no_grad():
             out = model.generate(torch.tensor([ids]), max_new_tokens=60, do_sample=False)
         reply = hf_tok.decode(out[0, len(ids):], skip_special_tokens=False)
-        samples.append({"messages": messages, "reply": reply})
-        print(f"  {character}: {reply!r}", flush=True)
+        torch.manual_seed(args.seed)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=60, do_sample=True,
+                                 temperature=0.8, top_p=0.95, top_k=0)
+        sampled = hf_tok.decode(out[0, len(ids):], skip_special_tokens=False)
+        samples.append({"messages": messages, "reply": reply, "sampled": sampled})
+        print(f"  {character}: {reply!r} | sampled: {sampled!r}", flush=True)
 
     print("[7/7] model card", flush=True)
     result = {

@@ -13,8 +13,10 @@ def model_card(r: dict, config, samples: list[dict], args) -> str:
     for s in samples:
         sys_msg, user = s["messages"][0]["content"], s["messages"][1]["content"]
         reply = s["reply"].replace("`", "'")
+        sampled = s.get("sampled", "").replace("`", "'")
         chats.append(f"**system:** {sys_msg}  \n**user:** {user}  \n**assistant (greedy):**\n\n"
-                     f"```text\n{reply}\n```\n")
+                     f"```text\n{reply}\n```\n\n**assistant (sampled, temperature 0.8, top-p 0.95, "
+                     f"seed {args.seed}):**\n\n```text\n{sampled}\n```\n")
     return f"""# nano_infer tiny model: a Shakespeare chat model
 
 A {r['params'] / 1e6:.2f}M-parameter Qwen2-architecture chat model that ships inside `nano_infer`
@@ -76,7 +78,7 @@ steps then cosine to 10 %, gradient clip 1.0, {r['steps']} steps of {r['batch_si
 {r['seq_len']} tokens (whole conversations packed into rows, re-shuffled each epoch), seed
 {r['seed']}, {r['threads']} CPU threads. {r['tokens_seen']:,} tokens seen
 ({r['tokens_seen'] / r['train_tokens_per_epoch']:.2f} epochs) in {r['train_seconds'] / 60:.1f} minutes
-on a 2-core CPU ({r['tokens_per_second']:.0f} tokens/s).
+on a 2-core CPU shared with other jobs ({r['tokens_per_second']:.0f} tokens/s).
 
 Reproduce (from the repository root; same seed and thread count give the same run):
 
@@ -97,7 +99,10 @@ Held-out loss is {ratio:.2f} × the unigram loss. `eval.json` has these numbers 
 machine-readable form; `tests/test_tiny_model.py` recomputes the sample loss with
 `transformers` (each conversation run alone, ids from `apply_chat_template`).
 
-## Sample chats (greedy, 60 new tokens at most)
+## Sample chats (60 new tokens at most)
+
+Greedy decoding of a model this small settles on short, safe lines; sampling shows more of what
+it learned.
 
 {chr(10).join(chats)}
 """
