@@ -18,7 +18,7 @@ def token_label(tokenizer, token_id: int) -> str:
 
 def sampling_distribution(logits: torch.Tensor, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
     """Probabilities [V] the sampler draws from for one row of logits; temperature 0 is greedy (one-hot)."""
-    logits = logits.float().view(1, -1)
+    logits = logits.detach().float().cpu().view(1, -1)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float().view(-1)
     masked = apply_top_k_top_p(logits / temperature, torch.tensor([top_k]), torch.tensor([float(top_p)]))
@@ -28,7 +28,7 @@ def sampling_distribution(logits: torch.Tensor, temperature: float = 1.0, top_k:
 def next_token_figure(logits: torch.Tensor, tokenizer, temperature: float = 1.0, top_k: int = -1,
                       top_p: float = 1.0, num_tokens: int = 20) -> go.Figure:
     """Bars for the `num_tokens` most likely tokens: the model's softmax vs. what the sampler keeps."""
-    logits = logits.float().view(-1)
+    logits = logits.detach().float().cpu().view(-1)
     raw = logits.softmax(-1)
     processed = sampling_distribution(logits, temperature, top_k, top_p)
     top = raw.topk(num_tokens).indices.tolist()
