@@ -93,7 +93,8 @@ def tree_text(snap: TreeSnapshot) -> str:
 
     def walk(parent, indent):
         for n in sorted(children.get(parent, []), key=lambda c: c.text):
-            lines.append(f"{'  ' * indent}└─ {_short(n.text)!r}  [{n.end - n.start} tokens, blocks {n.blocks}, lock {n.lock_ref}]")
+            size = f"{n.end - n.start} tokens, blocks {n.blocks}, lock {n.lock_ref}"
+            lines.append(f"{'  ' * indent}└─ {_short(n.text)!r}  [{size}]")
             walk(n.key, indent + 1)
 
     walk(None, 1)
@@ -116,9 +117,9 @@ def tree_figure(snap: TreeSnapshot, max_tokens: int | None = None) -> go.Figure:
             base=[n.start for n in nodes], x=[n.end - n.start for n in nodes], y=[rows[n.key] for n in nodes],
             text=[f"{n.end - n.start} tok" + (f" · lock {n.lock_ref}" if n.lock_ref else "") for n in nodes],
             textposition="inside", insidetextanchor="middle", width=0.6,
-            customdata=[[len(n.blocks), str(n.blocks), n.lock_ref, n.last_access, _short(n.text)] for n in nodes],
-            hovertemplate="tokens %{base}–%{x}<br>%{customdata[0]} blocks %{customdata[1]}<br>lock_ref %{customdata[2]},"
-                          " last access %{customdata[3]}<br>%{customdata[4]}<extra></extra>",
+            customdata=[[n.start, n.end, str(n.blocks), n.lock_ref, n.last_access, _short(n.text)] for n in nodes],
+            hovertemplate="tokens %{customdata[0]}–%{customdata[1]}, blocks %{customdata[2]}<br>"
+                          "lock_ref %{customdata[3]}, last access %{customdata[4]}<br>%{customdata[5]}<extra></extra>",
             showlegend=True))
     # connectors: a vertical line where a child's edge leaves its parent's
     xs, ys = [], []
@@ -128,7 +129,8 @@ def tree_figure(snap: TreeSnapshot, max_tokens: int | None = None) -> go.Figure:
         parent_row = root_row if n.parent is None else rows[n.parent]
         xs += [n.start, n.start, None]
         ys += [parent_row, rows[n.key], None]
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#333", width=1), hoverinfo="skip", showlegend=False))
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#333", width=1), hoverinfo="skip",
+                             showlegend=False))
     fig.add_trace(go.Scatter(x=[0], y=[root_row], mode="markers+text", marker=dict(size=10, color="#333"),
                              text=["root"], textposition="middle left", hoverinfo="skip", showlegend=False))
     num_rows = max(rows.values(), default=0) + 1
