@@ -23,9 +23,6 @@ FILES = ["config.json", "model.safetensors", "generation_config.json", "tokenize
          "tokenizer_config.json", "README.md", "eval.json", "heldout_sample.jsonl"]
 REL_TOL = 1e-3   # eval.json's sample loss vs. recomputed here (float32 summation order only)
 
-pytestmark = pytest.mark.skipif(not (TINY / "model.safetensors").exists(),
-                                reason="tiny model not built (make tiny-model)")
-
 MESSAGES = [
     {"role": "system", "content": "You are HAMLET in Hamlet. Stay in character and answer in Shakespeare's words."},
     {"role": "user", "content": "HORATIO: My lord, I came to see your father's funeral."},
