@@ -244,6 +244,7 @@ class LLMEngine:
             self.requests[seq.request_id].metrics.num_preemptions += 1
         if not out.scheduled:
             return []
+        scheduled = self.recorder.describe(out) if self.recorder else None
         copies = []
         if self.kv is not None:
             copies, self.kv.pending_copies = self.kv.pending_copies, []
@@ -274,7 +275,7 @@ class LLMEngine:
                     self.prefix_cache.cache_computed(seq)
         self.num_steps += 1
         if self.recorder is not None:
-            self.recorder.record(self, out, start)
+            self.recorder.record(self, out, scheduled, start)
         outputs = []
         for req in touched.values():
             if req.metrics.first_scheduled_time is None:

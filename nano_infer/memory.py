@@ -61,13 +61,15 @@ class StepRecorder:
     def __init__(self):
         self.records: list[StepRecord] = []
 
-    def record(self, engine, out, start: float) -> None:
+    @staticmethod
+    def describe(out) -> list[tuple[str, int, int, str]]:
+        """Call before the step runs: a decode computes the K/V of a generated token."""
+        return [(s.request_id, s.index, n, "decode" if n == 1 and s.num_computed_tokens >= s.num_prompt_tokens else "prefill")
+                for s, n in out.scheduled]
+
+    def record(self, engine, out, scheduled: list, start: float) -> None:
         kv, sched = engine.kv, engine.scheduler
         reserved, used = kv_usage(kv, sched.running, engine.kv_bytes_per_token)
-        scheduled = [
-            (s.request_id, s.index, n, "decode" if n == 1 and s.num_computed_tokens - n >= s.num_prompt_tokens else "prefill")
-            for s, n in out.scheduled
-        ]
         cuda = torch.cuda.is_available() and engine.device.type == "cuda"
         self.records.append(StepRecord(
             step=len(self.records), start=start, end=time.perf_counter(), scheduled=scheduled,
