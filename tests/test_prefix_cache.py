@@ -387,15 +387,19 @@ def test_evicting_a_leaf_keeps_its_parent_matching():
     assert cache.evict(2) == 2 and cache.match(shared) == []
 
 
-def test_hash_cache_eviction_of_a_first_block_strands_the_rest():
-    """The contrast the radix tree avoids: a chain is only as long as its first missing block."""
+def test_hash_cache_evicts_a_chain_from_its_tail():
+    """A hit marks the chain's head most recent, so eviction shortens a chain instead of stranding it.
+
+    (A chain is only as long as its first missing block: evicting the head first would leave
+    the rest held but unreachable.)
+    """
     bm = BlockManager(num_blocks=4, block_size=2, log=True)
     cache = make_prefix_cache("hash", bm)
     a = serve(bm, cache, [1, 1, 2, 2, 3, 3])
-    assert cache.match([1, 1, 2, 2, 3, 3]) == a  # touches the chain in order: its first block is now the oldest
+    assert cache.match([1, 1, 2, 2, 3, 3]) == a
     start = len(bm.log)
-    assert cache.evict(1) == 1 and evicted(bm, start) == a[:1]
-    assert cache.match([1, 1, 2, 2, 3, 3]) == [] and cache.num_cached_blocks() == 2
+    assert cache.evict(1) == 1 and evicted(bm, start) == a[2:]
+    assert cache.match([1, 1, 2, 2, 3, 3]) == a[:2] and cache.num_cached_blocks() == 2
 
 
 @pytest.mark.parametrize("kind", ["hash", "radix"])

@@ -39,7 +39,7 @@ class HashPrefixCache(PrefixCache):
                 break
             blocks.append(block)
             parent = h
-        for block in blocks:  # touch: a hit makes the whole chain recently used
+        for block in reversed(blocks):  # touch tail first, so the head ends most recent: evicted last
             if block in self.idle:
                 self.idle.move_to_end(block)
         return blocks

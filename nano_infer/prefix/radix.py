@@ -8,8 +8,9 @@ point at), a match is rounded down to a block boundary; with `block_size=1` the 
 token-exact.
 
 A running request locks the nodes on its path (lock_ref counts how many do). Only unlocked
-leaves are evicted, least recently used first; evicting a leaf never breaks its parent,
-which may become an evictable leaf in turn. Compare the hash cache, where evicting a
+leaves are evicted, least recently used first, from the end of their edge and only as many
+blocks as the pool needs; evicting a leaf never breaks its parent, which may become an
+evictable leaf in turn. Compare the hash cache, where evicting a
 middle block strands the blocks after it.
 """
 from __future__ import annotations
@@ -161,13 +162,21 @@ class RadixPrefixCache(PrefixCache):
         freed = 0
         while freed < num_blocks and leaves:
             _, _, leaf = heapq.heappop(leaves)
-            parent = leaf.parent
-            del parent.children[leaf.tokens[: self.block_size]]
-            for block in leaf.blocks:
+            # Free from the end of the edge, only as many blocks as asked: the rest of the
+            # leaf is still a valid (shorter) prefix and stays cached.
+            take = min(len(leaf.blocks), num_blocks - freed)
+            for block in leaf.blocks[len(leaf.blocks) - take :]:
                 self.tree_blocks.discard(block)
                 self.block_manager.release_cached(block)
-            freed += len(leaf.blocks)
-            self.evictable_blocks -= len(leaf.blocks)
+            freed += take
+            self.evictable_blocks -= take
+            if take < len(leaf.blocks):
+                leaf.blocks = leaf.blocks[: len(leaf.blocks) - take]
+                leaf.tokens = leaf.tokens[: len(leaf.blocks) * self.block_size]
+                leaf.depth -= take * self.block_size
+                continue
+            parent = leaf.parent
+            del parent.children[leaf.tokens[: self.block_size]]
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(leaves, (parent.last_access, id(parent), parent))
         return freed
