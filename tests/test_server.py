@@ -5,6 +5,7 @@ import random
 import time
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -257,6 +258,18 @@ def test_text_split_mid_character_streams_whole_characters(client, model, tokeni
     assert all("\ufffd" not in d for d in deltas) and "".join(deltas) == text
     assert len(deltas) < len(forced)  # bytes of one character were held back, then sent together
     assert client.completions.create(**args).choices[0].text == text
+
+
+def test_response_format_json_schema_constrains_the_reply(client, model):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "mood": {"enum": ["merry", "sad"]}},
+              "required": ["ok", "mood"]}
+    args = dict(model=model, messages=CHAT, max_tokens=40,
+                response_format={"type": "json_schema", "json_schema": {"name": "mood", "schema": schema}})
+    whole = client.chat.completions.create(**args)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **args) if c.choices)
+    for text in (whole.choices[0].message.content, streamed):
+        jsonschema.validate(json.loads(text), schema)
+    assert whole.choices[0].finish_reason == "stop"
 
 
 def test_response_format_becomes_a_json_schema_constraint():
