@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 
 from ..kv.block_manager import BlockEvent
 from ..memory import StepRecord
+from . import stepper
 
 REF_COLORS = ["#eeeeee", "#1f77b4", "#ff7f0e", "#d62728"]  # ref count 0, 1, 2, 3+
 
@@ -67,23 +68,8 @@ def block_table_figure(record: StepRecord, num_blocks: int | None = None, zmax: 
 
 def block_table_stepper(history: list[StepRecord], num_blocks: int | None = None):
     """An ipywidgets slider over the recorded steps that redraws `block_table_figure`."""
-    import ipywidgets as w
-    from IPython.display import display
-
     num_blocks = num_blocks or blocks_in_use(history)
-    slider = w.IntSlider(value=0, min=0, max=len(history) - 1, description="step")
-    play = w.Play(value=0, min=0, max=len(history) - 1, interval=400)
-    w.jslink((play, "value"), (slider, "value"))
-    out = w.Output()
-
-    def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            display(block_table_figure(history[slider.value], num_blocks))
-
-    slider.observe(redraw, names="value")
-    redraw()
-    return w.VBox([w.HBox([play, slider]), out])
+    return stepper(lambda i: block_table_figure(history[i], num_blocks), len(history), "step", 400)
 
 
 def block_events_figure(log: list[BlockEvent]) -> go.Figure:

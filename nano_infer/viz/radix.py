@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
 
+from . import stepper
+
 COLORS = {"locked": "#e6550d", "evictable leaf": "#6baed6", "unlocked inner": "#c6dbef"}
 
 
@@ -147,25 +149,10 @@ def tree_figure(snap: TreeSnapshot, max_tokens: int | None = None) -> go.Figure:
 
 def tree_stepper(snapshots: list[TreeSnapshot]):
     """An ipywidgets slider over the snapshots that redraws `tree_figure` (same x range throughout)."""
-    import ipywidgets as w
-    from IPython.display import display
-
     if not snapshots:
         raise ValueError("no snapshots to step through")
     max_tokens = max((n.end for s in snapshots for n in s.nodes), default=1) + 1
-    slider = w.IntSlider(value=0, min=0, max=len(snapshots) - 1, description="snapshot")
-    play = w.Play(value=0, min=0, max=len(snapshots) - 1, interval=700)
-    w.jslink((play, "value"), (slider, "value"))
-    out = w.Output()
-
-    def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            display(tree_figure(snapshots[slider.value], max_tokens))
-
-    slider.observe(redraw, names="value")
-    redraw()
-    return w.VBox([w.HBox([play, slider]), out])
+    return stepper(lambda i: tree_figure(snapshots[i], max_tokens), len(snapshots), "snapshot", 700)
 
 
 def record_tree(cache, decode=None):
