@@ -115,3 +115,34 @@ def test_command_line_writes_a_json_report(tmp_path, qwen2_dir, capsys):
     assert workload["num_requests"] == 2 and set(workload["ratios"]) == {"nano_infer / hf_continuous"}
     assert 0 < workload["roofline"]["nano_infer"]
     assert "nano_infer / hf_continuous" in capsys.readouterr().out
+
+
+def test_attention_case_memory_gather_grows_blockwise_stays_flat():
+    from nano_infer.bench.attention import attention_scaling, step_case
+
+    a = step_case("gather", [(40, 1), (0, 9), (300, 1)], 4, 2, 8, block_size=4)
+    b = step_case("blockwise", [(40, 1), (0, 9), (300, 1)], 4, 2, 8, block_size=4, blocks_per_chunk=2)
+    torch.testing.assert_close(a(), b(), atol=1e-5, rtol=1e-4)  # same pool, same q/k/v (same seed)
+    rows = attention_scaling([64, 1024], batch=2, num_heads=4, num_kv_heads=2, head_dim=8, repeats=1, block_size=4,
+                             blocks_per_chunk=2)
+    mib = {(r["impl"], r["context"]): r["mib"] for r in rows}
+    # gather copies K and V for every key: 2 x 2 seqs x 1024 keys x 2 heads x 8 dims x 4 bytes = 256 KiB at least
+    assert mib["gather", 1024] * 2**20 >= 2 * 2 * 1024 * 2 * 8 * 4
+    assert mib["blockwise", 1024] < mib["gather", 1024] / 4 and mib["blockwise", 1024] < 2 * mib["blockwise", 64]
+
+
+def test_step_profile_accounts_for_the_step(qwen2_dir):
+    from nano_infer import LLMEngine
+    from nano_infer.bench.profile import fill, step_breakdown
+    from nano_infer.model_runner import ModelRunner
+
+    engine = LLMEngine(str(qwen2_dir))
+    fill(engine, num_seqs=3, context=20)
+    assert all(s.num_computed_tokens >= 20 for s in engine.scheduler.running) and not engine.scheduler.waiting
+    per_step, pieces = step_breakdown(engine, steps=3)
+    layer_parts = sum(v for k, v in pieces.items() if k in ("rmsnorm", "qkv_proj", "o_proj", "mlp gate_up", "mlp down"))
+    assert 0 < layer_parts < pieces["model forward (all layers)"] < per_step
+    assert pieces["attention (write KV + read through block table)"] < pieces["model forward (all layers)"]
+    # hooks and wrappers are gone afterwards
+    assert engine.runner.prepare.__func__ is ModelRunner.prepare and not engine.model._forward_hooks
+    assert all(not layer.mlp.gate_up_proj._forward_pre_hooks for layer in engine.model.layers)

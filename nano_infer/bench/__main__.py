@@ -22,14 +22,14 @@ import torch
 from ..models.loader import default_model, resolve_model_dir
 from .compare import ENGINES, Bench, device_name
 from .random_model import random_qwen2_model
-from .roofline import matmul_gflops
+from .roofline import decode_throughput, matmul_gflops
 
 SHAPE_0_5B = "qwen2.5-0.5b-shape"
 # per model: request counts and length ranges; the 0.5B shape is ~70x the work per token
 PRESETS = {
-    "default": dict(requests=[32, 128], prompt_len=(16, 192), output_len=(32, 96)),
-    SHAPE_0_5B: dict(requests=[32], prompt_len=(16, 128), output_len=(16, 48)),
-    "quick": dict(requests=[8], prompt_len=(16, 64), output_len=(8, 16)),
+    "default": dict(requests=[32, 128], prompt_len=(16, 192), output_len=(32, 96), rounds=3),
+    SHAPE_0_5B: dict(requests=[32], prompt_len=(16, 128), output_len=(32, 64), rounds=1),
+    "quick": dict(requests=[8], prompt_len=(16, 64), output_len=(8, 16), rounds=1),
 }
 COLUMNS = [("tokens_per_s", "tok/s", "{:9.1f}"), ("tokens_per_cpu_s", "tok/CPU-s", "{:9.1f}"), ("ttft_p50_ms", "TTFT p50 ms", "{:11.0f}"),
            ("ttft_p99_ms", "TTFT p99 ms", "{:11.0f}"), ("itl_p50_ms", "ITL p50 ms", "{:10.1f}"),
@@ -43,7 +43,7 @@ def parse_args(argv=None):
                    help=f"'default' (the shipped model, or NANO_INFER_MODEL), '{SHAPE_0_5B}' (random weights, "
                         "built offline), or a checkpoint folder")
     p.add_argument("--requests", type=int, nargs="+", help="request counts (default: per model, see PRESETS)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds per workload; medians are reported")
+    p.add_argument("--rounds", type=int, help="rounds per workload, medians reported (default: per model, see PRESETS)")
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--static-batch-size", type=int, default=8)
     p.add_argument("--attention", default="gather", choices=["gather", "blockwise"])
@@ -52,10 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="8 short requests, 1 round, default model only")
     p.add_argument("--out", default="bench_results", help="folder for the JSON report")
     args = p.parse_args(argv)
-    if args.quick:
-        args.rounds = 1
-        if args.model == p.get_default("model"):
-            args.model = ["default"]
+    if args.quick and args.model == p.get_default("model"):
+        args.model = ["default"]
     return args
 
 
@@ -80,9 +78,26 @@ def format_table(result: dict) -> str:
         lines.append(f"  {name}: {r['median']:.2f}x tok/s (rounds: {r['min']:.2f}-{r['max']:.2f}), "
                      f"{r['cpu_median']:.2f}x tok/CPU-s")
     if "nano_infer" in result.get("roofline", {}):
-        lines.append(f"  nano_infer decode at {100 * result['roofline']['nano_infer']:.1f}% of the matmul roofline "
-                     f"({result['flops_per_token'] / 1e9:.2f} GFLOP/token, {result['matmul_gflops']:.0f} GFLOP/s)")
+        lines.append(f"  nano_infer output tokens/s x FLOPs/token = {result['roofline']['nano_infer']:.1%} of the matmul "
+                     f"roofline (prefill work not counted; {result['flops_per_token'] / 1e9:.3f} GFLOP/token, "
+                     f"{result['matmul_gflops']:.0f} GFLOP/s)")
     return "\n".join(lines)
+
+
+def decode_roofline(bench: Bench, num_seqs: int, prompt_len: tuple[int, int], gflops: float) -> dict:
+    """nano_infer decoding alone (no prefill, no stragglers): a full batch at the workload's mean prompt length."""
+    num_seqs = min(num_seqs, bench.engine.config.max_num_seqs)
+    decode = decode_throughput(bench.engine, num_seqs, sum(prompt_len) // 2)
+    per_token = bench.decode_flops_per_token(decode["context"])
+    decode.update(flops_per_token=per_token, matmul_gflops=gflops,
+                  roofline=decode["tokens_per_s"] * per_token / (gflops * 1e9),
+                  # per CPU-second against one thread's share of the peak: what load on the machine distorts least
+                  roofline_cpu=decode["tokens_per_cpu_s"] * per_token * torch.get_num_threads() / (gflops * 1e9))
+    print(f"-- nano_infer decode alone, {num_seqs} sequences at ~{decode['context']} tokens: "
+          f"{decode['tokens_per_s']:.1f} tok/s ({decode['tokens_per_cpu_s']:.1f} per CPU-s) = "
+          f"{decode['roofline']:.1%} of the matmul roofline ({decode['roofline_cpu']:.1%} per CPU-second; "
+          f"{per_token / 1e9:.3f} GFLOP/token, {gflops:.0f} GFLOP/s)", flush=True)
+    return decode
 
 
 def main(argv=None) -> dict:
@@ -112,7 +127,7 @@ def main(argv=None) -> dict:
                                   "prefix_cache": type(bench.engine.prefix_cache).__name__}}
         for n in args.requests or preset["requests"]:
             print(f"-- {n} requests, prompts {preset['prompt_len']}, outputs {preset['output_len']} tokens", flush=True)
-            result = bench.run(n, args.rounds, args.seed, preset["prompt_len"], preset["output_len"])
+            result = bench.run(n, args.rounds or preset["rounds"], args.seed, preset["prompt_len"], preset["output_len"])
             # the roofline peak is re-measured after each workload and the best kept: load only ever lowers it
             gflops = max(gflops, matmul_gflops(dtype=bench.engine.dtype, device=bench.engine.device))
             per_token = bench.decode_flops_per_token(result["mean_decode_context"])
@@ -120,6 +135,8 @@ def main(argv=None) -> dict:
                 engine: row["tokens_per_s"] * per_token / (gflops * 1e9) for engine, row in result["median"].items()})
             entry["workloads"].append(result)
             print(format_table(result), flush=True)
+        if "nano_infer" in args.engines:
+            entry["decode"] = decode_roofline(bench, max(args.requests or preset["requests"]), preset["prompt_len"], gflops)
         bench.close()
         report["models"].append(entry)
         del bench

@@ -47,3 +47,20 @@ def flops_per_token(config, context_len: float) -> float:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     attention = 4 * config.num_hidden_layers * config.num_attention_heads * head_dim * context_len
     return 2 * matmul_params(config) + attention
+
+
+def decode_throughput(engine, num_seqs: int, context: int, steps: int = 5) -> dict:
+    """Steady-state decode: `num_seqs` sequences at ~`context` tokens, all decoding; tokens/s over `steps` steps
+    (wall and CPU time). The requests are aborted afterwards, leaving the engine empty."""
+    from .profile import fill
+
+    fill(engine, num_seqs, context, seed=1)
+    engine.step()  # warm
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        engine.step()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    for request_id in list(engine.requests):
+        engine.abort_request(request_id)
+    return {"num_seqs": num_seqs, "context": context + steps // 2, "tokens_per_s": num_seqs * steps / wall,
+            "tokens_per_cpu_s": num_seqs * steps / cpu}

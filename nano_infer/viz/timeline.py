@@ -163,3 +163,14 @@ def attention_scaling_figure(rows: list[dict], title: str = "decode attention ag
     fig.update_yaxes(title_text="MiB", rangemode="tozero", row=1, col=2)
     fig.update_layout(title=title, height=400)
     return fig
+
+
+def per_request_figure(values: dict[str, list[float]], y_title: str, title: str) -> go.Figure:
+    """One marker per request and run (x: request in arrival order), e.g. the time to first token of each."""
+    fig = go.Figure()
+    for i, (name, ys) in enumerate(values.items()):
+        fig.add_scatter(x=list(range(len(ys))), y=ys, mode="markers+lines", name=name,
+                        line=dict(color=PALETTE[i % len(PALETTE)], width=1), marker=dict(size=6))
+    fig.update_layout(title=title, xaxis_title="request (arrival order)", yaxis_title=y_title, yaxis_rangemode="tozero",
+                      height=360)
+    return fig
