@@ -126,7 +126,7 @@ class AttentionBackend:
                 ks, vs = k[s.q_start : s.q_start + s.q_len], v[s.q_start : s.q_start + s.q_len]
                 o = sdpa(qs, ks.transpose(0, 1), vs.transpose(0, 1), causal_mask(s.q_len, s.context_len, groups, q.device))
             elif self.impl == "blockwise":
-                o = self._blockwise(qs, k_pool, v_pool, s.key_slots[None], torch.tensor([s.context_len]), s.q_len, groups)[0]
+                o = self._blockwise(qs, k_pool, v_pool, s.key_slots[None], torch.tensor([s.context_len], device=q.device), s.q_len, groups)[0]
             else:
                 ks, vs = k_pool.index_select(0, s.key_slots), v_pool.index_select(0, s.key_slots)
                 o = sdpa(qs, ks.transpose(0, 1), vs.transpose(0, 1), causal_mask(s.q_len, s.context_len, groups, q.device))
@@ -151,7 +151,7 @@ class AttentionBackend:
         chunk = self.blocks_per_chunk * self.meta.block_size
         scale = 1.0 / math.sqrt(q.shape[-1])
         # absolute position of each query row (same for every group), per sequence: [B, G*q_len, 1]
-        q_pos = (context_lens.view(B, 1) - q_len + torch.arange(q_len).view(1, q_len)).repeat(1, groups).unsqueeze(-1)
+        q_pos = (context_lens.view(B, 1) - q_len + torch.arange(q_len, device=q.device).view(1, q_len)).repeat(1, groups).unsqueeze(-1)
 
         def chunks():
             for start in range(0, S, chunk):
@@ -159,7 +159,7 @@ class AttentionBackend:
                 n = idx.shape[1]
                 kc = k_pool.index_select(0, idx.reshape(-1)).view(B, n, k_pool.shape[1], -1).transpose(1, 2)
                 vc = v_pool.index_select(0, idx.reshape(-1)).view(B, n, v_pool.shape[1], -1).transpose(1, 2)
-                key_pos = torch.arange(start, start + n).view(1, 1, n)
+                key_pos = torch.arange(start, start + n, device=q.device).view(1, 1, n)
                 yield kc, vc, (key_pos <= q_pos).unsqueeze(1)  # [B, 1, G*q_len, n]
 
         return online_softmax_attention(q, chunks(), scale)

@@ -155,3 +155,19 @@ def test_random_packed_steps(case):
 def test_rejects_unknown_impl():
     with pytest.raises(ValueError, match="attention="):
         AttentionBackend("flash", None)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_builds_nothing_off_the_model_device(impl):
+    """On a GPU every index and mask must live on the GPU. The meta device catches a stray CPU tensor without one."""
+    dev = torch.device("meta")
+    pool = torch.empty(1, 2, 64, 2, 8, device=dev)
+    meta = AttentionMetadata(slot_mapping=torch.arange(5, 11, device=dev),
+                             prefills=[SeqSlice(0, 5, 10, torch.arange(10, device=dev))], block_size=4)
+    meta.decode_rows = torch.tensor([5], device=dev)
+    meta.decode_slots = torch.arange(20, 33, device=dev).view(1, 13)
+    meta.decode_mask = torch.ones(1, 1, 1, 13, dtype=torch.bool, device=dev)
+    backend = AttentionBackend(impl, pool, blocks_per_chunk=2)
+    backend.meta = meta
+    out = backend.attend(0, torch.empty(6, 4, 8, device=dev), torch.empty(6, 2, 8, device=dev), torch.empty(6, 2, 8, device=dev))
+    assert out.shape == (6, 4, 8) and out.device == dev
