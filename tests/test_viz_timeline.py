@@ -3,7 +3,8 @@ import pytest
 
 from nano_infer import LLM, SamplingParams
 from nano_infer.memory import StepRecord
-from nano_infer.viz.timeline import attention_scaling_figure, classify, lifecycle_figure, schedule_gantt, schedule_segments
+from nano_infer.viz.timeline import (attention_scaling_figure, classify, lifecycle_figure, per_request_figure, schedule_gantt,
+                                     schedule_segments)
 
 
 def record(step, scheduled, running=1, waiting=0, preempted=0):
@@ -75,3 +76,8 @@ def test_real_engine_history(qwen2_dir):
 def test_gantt_without_work_is_empty_but_valid(budget):
     fig = schedule_gantt([record(0, [])], budget=budget)
     assert all(t.orientation != "h" for t in fig.data)
+
+
+def test_per_request_figure_one_line_per_run():
+    fig = per_request_figure({"static": [3, 9, 1], "continuous": [1, 1, 2]}, y_title="steps", title="t")
+    assert [t.name for t in fig.data] == ["static", "continuous"] and list(fig.data[0].x) == [0, 1, 2]

@@ -38,10 +38,6 @@ class Workload:
     def num_prompt_tokens(self) -> int:
         return sum(len(r.prompt_token_ids) for r in self.requests)
 
-    @property
-    def max_len(self) -> int:
-        return max(len(r.prompt_token_ids) + r.max_tokens for r in self.requests)
-
 
 def make_workload(num_requests: int, token_ids: list[int], seed: int = 0, round: int = 0,
                   prompt_len: tuple[int, int] = (16, 192), output_len: tuple[int, int] = (32, 96)) -> Workload:

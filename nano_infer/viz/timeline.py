@@ -132,22 +132,6 @@ def lifecycle_figure(history: list[StepRecord], num_requests: int, title: str = 
     return fig
 
 
-def finished_tokens_figure(runs: dict[str, list[list[float]]], title: str = "output tokens delivered over time") -> go.Figure:
-    """runs: name -> per request, the times (s after submission) of its output tokens. Cumulative tokens
-    delivered, and a marker where each request received its first token."""
-    fig = go.Figure()
-    for i, (name, token_times) in enumerate(runs.items()):
-        color = PALETTE[i % len(PALETTE)]
-        times = sorted(t for request in token_times for t in request)
-        fig.add_scatter(x=times, y=list(range(1, len(times) + 1)), mode="lines", name=name, line_color=color)
-        firsts = sorted(request[0] for request in token_times if request)
-        fig.add_scatter(x=firsts, y=[0] * len(firsts), mode="markers", name=f"{name}: a first token",
-                        marker=dict(symbol="line-ns-open", size=12, color=color))
-    fig.update_layout(title=title, xaxis_title="seconds since all requests arrived", yaxis_title="output tokens delivered",
-                      height=380)
-    return fig
-
-
 def attention_scaling_figure(rows: list[dict], title: str = "decode attention against context length") -> go.Figure:
     """rows: dicts with 'impl', 'context', 'ms' and 'mib' (the largest tensor one attention call allocates)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=["time per call", "largest temporary tensor"], horizontal_spacing=0.1)
