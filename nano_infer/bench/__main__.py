@@ -6,7 +6,9 @@
     python -m nano_infer.bench --model /path/to/hf/checkpoint --engines nano_infer hf_continuous
 
 Prints a table per workload and writes everything (every round, medians, ratios, the
-machine) to bench_results/bench-<time>.json.
+machine) to bench_results/bench-<time>.json. The default run takes about 6 minutes on an
+idle 2-core CPU (most of it transformers on the 0.5B shape); a loaded machine stretches
+the wall times, which is why the ratios are taken per round and also per CPU-second.
 """
 from __future__ import annotations
 
