@@ -20,7 +20,7 @@ def test_segments_merge_decodes_and_spot_recompute():
         record(2, [("a", 0, 1, "decode"), ("b", 0, 3, "prefill")]),  # b's second chunk
         record(3, [("b", 0, 1, "decode")]),  # a was preempted
         record(4, [("b", 0, 1, "decode"), ("a", 0, 10, "prefill")]),  # a recomputes prompt + its 2 tokens
-        record(5, [("a", 0, 1, "prefill")]),  # a's last decode, as the recorder labels a finished sequence
+        record(5, [("a", 0, 1, "decode")]),  # a's last decode
     ]
     segments = schedule_segments(history)
     assert [(s["label"], s["kind"], s["start"], s["end"], s["tokens"]) for s in segments] == [

@@ -23,26 +23,17 @@ def _label(request_id: str, index: int) -> str:
 def classify(history: list[StepRecord]) -> list[list[tuple[str, int, str]]]:
     """Per step, (request label, tokens, "prefill" | "decode" | "recompute").
 
-    A prefill of a request that has already decoded is a recompute after preemption. A
-    1-token "prefill" in a request's last step, right after a step it was also in, is its
-    final decode: the recorder labels a sequence after it finished and its KV was freed.
+    A prefill of a request that has already decoded is a recompute after preemption.
     """
-    last_step = {}
-    for record in history:
-        for request_id, index, _, _ in record.scheduled:
-            last_step[_label(request_id, index)] = record.step
-    decoded, seen, out = set(), {}, []
+    decoded, out = set(), []
     for record in history:
         row = []
         for request_id, index, n, kind in record.scheduled:
             label = _label(request_id, index)
-            if kind == "prefill" and n == 1 and last_step[label] == record.step and seen.get(label) == record.step - 1:
-                kind = "decode"
             if kind == "decode":
                 decoded.add(label)
             elif label in decoded:
                 kind = "recompute"
-            seen[label] = record.step
             row.append((label, n, kind))
         out.append(row)
     return out
