@@ -34,14 +34,21 @@ class SeqSlice:
 
 
 @dataclass
+class DecodeBatch:
+    """Decodes attended in one call: B sequences of similar context length, padded to the longest of them."""
+
+    rows: torch.Tensor  # [B] positions in the packed step of the 1-token queries
+    slots: torch.Tensor  # [B, S] key slots, padded to the longest context in this batch
+    mask: torch.Tensor  # [B, 1, 1, S] True where a key is visible
+
+
+@dataclass
 class AttentionMetadata:
     """Everything the attention of one step needs; built once, shared by all layers."""
 
     slot_mapping: torch.Tensor | None  # [T] where each new token's K/V is written (None: no cache)
     prefills: list[SeqSlice] = field(default_factory=list)  # sequences with q_len > 1, one SDPA each
-    decode_rows: torch.Tensor | None = None  # [B] positions in the packed step of the 1-token queries
-    decode_slots: torch.Tensor | None = None  # [B, S] key slots, padded to the longest context
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, S] True where a key is visible
+    decodes: list[DecodeBatch] = field(default_factory=list)  # 1-token queries, batched by context length
     block_size: int = 16
 
 
@@ -131,18 +138,17 @@ class AttentionBackend:
                 ks, vs = k_pool.index_select(0, s.key_slots), v_pool.index_select(0, s.key_slots)
                 o = sdpa(qs, ks.transpose(0, 1), vs.transpose(0, 1), causal_mask(s.q_len, s.context_len, groups, q.device))
             out[s.q_start : s.q_start + s.q_len] = unfold_gqa(o, s.q_len)
-        if meta.decode_rows is not None:
-            qd = fold_gqa(q[meta.decode_rows].unsqueeze(1), num_kv_heads)  # [B, KVH, G, D]
+        for d in meta.decodes:
+            qd = fold_gqa(q[d.rows].unsqueeze(1), num_kv_heads)  # [B, KVH, G, D]
             if self.impl == "blockwise":
-                context_lens = meta.decode_mask.sum(-1).view(-1)
-                o = self._blockwise(qd, k_pool, v_pool, meta.decode_slots, context_lens, 1, groups)
+                o = self._blockwise(qd, k_pool, v_pool, d.slots, d.mask.sum(-1).view(-1), 1, groups)
             else:
-                B, S = meta.decode_slots.shape
-                flat = meta.decode_slots.reshape(-1)
+                B, S = d.slots.shape
+                flat = d.slots.reshape(-1)
                 kd = k_pool.index_select(0, flat).view(B, S, num_kv_heads, -1).transpose(1, 2)
                 vd = v_pool.index_select(0, flat).view(B, S, num_kv_heads, -1).transpose(1, 2)
-                o = sdpa(qd, kd, vd, meta.decode_mask)
-            out[meta.decode_rows] = unfold_gqa(o, 1).squeeze(1)
+                o = sdpa(qd, kd, vd, d.mask)
+            out[d.rows] = unfold_gqa(o, 1).squeeze(1)
         return out
 
     def _blockwise(self, q, k_pool, v_pool, slots, context_lens, q_len, groups):

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionBackend, AttentionMetadata, SeqSlice
+from .attention import AttentionBackend, AttentionMetadata, DecodeBatch, SeqSlice
 from .sequence import Sequence
+
+# Decodes per attention call on CPU. Each call pads to its own longest context, so sorting by length
+# and cutting into small batches copies far less padding, and each batch's gathered K/V stays in
+# cache. On a GPU one call for all decodes is cheaper than several kernel launches.
+CPU_DECODE_BATCH = 8
 
 
 class ModelRunner:
@@ -20,6 +25,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.backend = AttentionBackend("dense" if kv_pool is None else attention, kv_pool.tensor if kv_pool else None)
+        self.decode_batch = CPU_DECODE_BATCH if device.type == "cpu" else 1 << 16
         self.num_forward_tokens = 0  # tokens pushed through the model so far (prefill work done)
 
     def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
@@ -57,17 +63,21 @@ class ModelRunner:
         return ids, pos, meta, sample_rows
 
     def _prepare_decodes(self, meta: AttentionMetadata, rows: list[int], seqs: list[Sequence]) -> None:
-        """Decodes are batched: block tables padded to the longest, one mask for all layers."""
+        """Decodes sorted by context length, in batches of `decode_batch`, each padded to its own longest;
+        block tables and masks built once per step for all layers."""
         bs = self.block_size
-        context_lens = [s.num_computed_tokens + 1 for s in seqs]
-        max_blocks = max(len(s.block_table) for s in seqs)
-        tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs], device=self.device)
-        S = max(context_lens)
-        slots = (tables.unsqueeze(-1) * bs + torch.arange(bs, device=self.device)).view(len(seqs), -1)[:, :S]
-        lens = torch.tensor(context_lens, device=self.device)
-        meta.decode_rows = torch.tensor(rows, device=self.device)
-        meta.decode_slots = slots.contiguous()
-        meta.decode_mask = (torch.arange(S, device=self.device).unsqueeze(0) < lens.unsqueeze(1)).view(len(seqs), 1, 1, S)
+        order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_computed_tokens)
+        for start in range(0, len(order), self.decode_batch):
+            batch = [seqs[i] for i in order[start : start + self.decode_batch]]
+            context_lens = [s.num_computed_tokens + 1 for s in batch]
+            max_blocks = max(len(s.block_table) for s in batch)
+            tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in batch], device=self.device)
+            S = max(context_lens)
+            slots = (tables.unsqueeze(-1) * bs + torch.arange(bs, device=self.device)).view(len(batch), -1)[:, :S]
+            lens = torch.tensor(context_lens, device=self.device)
+            mask = (torch.arange(S, device=self.device).unsqueeze(0) < lens.unsqueeze(1)).view(len(batch), 1, 1, S)
+            batch_rows = torch.tensor([rows[i] for i in order[start : start + self.decode_batch]], device=self.device)
+            meta.decodes.append(DecodeBatch(batch_rows, slots.contiguous(), mask))
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Sequence, int]], copies: list[tuple[int, int]]) -> torch.Tensor:

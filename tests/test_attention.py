@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nano_infer.attention import AttentionBackend, AttentionMetadata, SeqSlice
+from nano_infer.attention import AttentionBackend, AttentionMetadata, DecodeBatch, SeqSlice
 
 ATOL, RTOL = 2e-5, 1e-4
 IMPLS = ["gather", "blockwise"]
@@ -59,14 +59,15 @@ def build_step(seqs, num_kv_heads, groups, head_dim, block_size, num_layers=2, l
         refs[i] = (q_start, reference(q, k_all, v_all, cached))
         q_start += q_len
     meta = AttentionMetadata(slot_mapping=torch.cat(slot_mapping), prefills=prefills, block_size=block_size)
-    if decodes:
-        longest = max(ctx for _, _, ctx in decodes)
+    size = rng.randint(1, max(1, len(decodes)))  # decodes go in one or several batches, each padded on its own
+    for start in range(0, len(decodes), size):
+        batch = decodes[start : start + size]
+        longest = max(ctx for _, _, ctx in batch)
         # padding points at slot 0, which belongs to some sequence (or is garbage): the mask must hide it
-        padded = [torch.cat([slots, torch.zeros(longest - ctx, dtype=torch.long)]) for _, slots, ctx in decodes]
-        lens = torch.tensor([ctx for _, _, ctx in decodes])
-        meta.decode_rows = torch.tensor([row for row, _, _ in decodes])
-        meta.decode_slots = torch.stack(padded)
-        meta.decode_mask = (torch.arange(longest)[None, :] < lens[:, None]).view(len(decodes), 1, 1, longest)
+        padded = [torch.cat([slots, torch.zeros(longest - ctx, dtype=torch.long)]) for _, slots, ctx in batch]
+        lens = torch.tensor([ctx for _, _, ctx in batch])
+        mask = (torch.arange(longest)[None, :] < lens[:, None]).view(len(batch), 1, 1, longest)
+        meta.decodes.append(DecodeBatch(torch.tensor([row for row, _, _ in batch]), torch.stack(padded), mask))
     q, k, v = torch.cat(q_parts), torch.cat(k_parts), torch.cat(v_parts)
     expected = torch.empty(q.shape, dtype=torch.float64)
     for q_start_i, out in refs.values():
@@ -164,9 +165,8 @@ def test_builds_nothing_off_the_model_device(impl):
     pool = torch.empty(1, 2, 64, 2, 8, device=dev)
     meta = AttentionMetadata(slot_mapping=torch.arange(5, 11, device=dev),
                              prefills=[SeqSlice(0, 5, 10, torch.arange(10, device=dev))], block_size=4)
-    meta.decode_rows = torch.tensor([5], device=dev)
-    meta.decode_slots = torch.arange(20, 33, device=dev).view(1, 13)
-    meta.decode_mask = torch.ones(1, 1, 1, 13, dtype=torch.bool, device=dev)
+    meta.decodes = [DecodeBatch(torch.tensor([5], device=dev), torch.arange(20, 33, device=dev).view(1, 13),
+                                torch.ones(1, 1, 1, 13, dtype=torch.bool, device=dev))]
     backend = AttentionBackend(impl, pool, blocks_per_chunk=2)
     backend.meta = meta
     out = backend.attend(0, torch.empty(6, 4, 8, device=dev), torch.empty(6, 2, 8, device=dev), torch.empty(6, 2, 8, device=dev))
