@@ -27,10 +27,10 @@ test-unit: setup
 
 # nbval re-runs every notebook and checks its asserts; outputs are compared loosely (--nbval-lax).
 test-notebooks: setup
-	$(PY) -m pytest -q --nbval-lax --nbval-current-env -p no:timeout notebooks/
+	$(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks/
 
 test-gpu: setup
-	NANO_INFER_MODEL=$(GPU_MODEL) $(PY) -m pytest -q --nbval-lax --nbval-current-env -p no:timeout notebooks/
+	NANO_INFER_MODEL=$(GPU_MODEL) $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks/
 
 bench: setup
 	$(PY) -m nano_infer.bench
