@@ -8,6 +8,7 @@ import pytest
 from nano_infer import LLM, CompletionOutput, RequestOutput, SamplingParams
 from nano_infer.async_engine import AsyncLLM, _Deltas
 from nano_infer.detokenizer import IncrementalDetokenizer, _byte_decoder
+from engine_checks import assert_idle_and_blocks_free, record_aborts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 MESSAGES = [{"role": "user", "content": "To be, or not to be?"}]
@@ -39,23 +40,7 @@ async def collect(llm, prompt, params=GREEDY, **kwargs):
 def assert_all_blocks_free(llm):
     """Once idle, every block is free or held only by the prefix cache."""
     asyncio.run(collect(llm, "x", SamplingParams(max_tokens=1)))  # the inbox is FIFO: all earlier aborts are done
-    engine = llm.engine
-    assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
-    assert not any(engine.kv.ref_count)
-    assert engine.kv.num_free_blocks + engine.prefix_cache.num_evictable_blocks() == engine.kv.num_blocks
-
-
-def record_aborts(monkeypatch, engine) -> list:
-    aborted = []
-    abort = engine.abort_request
-
-    def recording(request_id):
-        out = abort(request_id)
-        aborted.append(out)
-        return out
-
-    monkeypatch.setattr(engine, "abort_request", recording)
-    return aborted
+    assert_idle_and_blocks_free(llm.engine)
 
 
 def test_deltas_add_up_to_the_sync_engine_text(allm, ref):

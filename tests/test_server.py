@@ -15,6 +15,7 @@ from nano_infer import LLM, SamplingParams
 from nano_infer.async_engine import AsyncLLM
 from nano_infer.detokenizer import _byte_decoder
 from nano_infer.server import BackgroundServer, CompletionBody, _sampling_params
+from engine_checks import assert_idle_and_blocks_free, record_aborts
 
 CHAT = [{"role": "user", "content": "To be, or not to be?"}]
 
@@ -63,23 +64,7 @@ def wait_until_idle(llm, timeout=30.0):
 
 def assert_all_blocks_free(llm, client, model):
     client.completions.create(model=model, prompt="x", max_tokens=1)  # the inbox is FIFO: earlier aborts are done
-    engine = llm.engine
-    assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
-    assert not any(engine.kv.ref_count)
-    assert engine.kv.num_free_blocks + engine.prefix_cache.num_evictable_blocks() == engine.kv.num_blocks
-
-
-def record_aborts(monkeypatch, engine) -> list:
-    aborted = []
-    abort = engine.abort_request
-
-    def recording(request_id):
-        out = abort(request_id)
-        aborted.append(out)
-        return out
-
-    monkeypatch.setattr(engine, "abort_request", recording)
-    return aborted
+    assert_idle_and_blocks_free(llm.engine)
 
 
 def test_models_and_health(server, client, model, allm):
