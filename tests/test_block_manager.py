@@ -17,6 +17,7 @@ from nano_infer.kv import BlockManager, NoFreeBlocksError
 from nano_infer.prefix import make_prefix_cache
 from nano_infer.sampling_params import SamplingParams
 from nano_infer.sequence import Sequence
+from kv_model import apply_block_copies
 
 PARAMS = SamplingParams(max_tokens=None)
 TOKENS = st.integers(0, 2)  # a small alphabet, so prompts share prefixes and blocks
@@ -88,12 +89,7 @@ class PooledMachine(RuleBasedStateMachine):
 
         copies, self.bm.pending_copies = self.bm.pending_copies, []
         bs = self.bm.block_size
-        for src, dst in copies:  # the runner copies whole blocks before the forward writes
-            for off in range(bs):
-                if src * bs + off in self.pool:
-                    self.pool[dst * bs + off] = self.pool[src * bs + off]
-                else:
-                    self.pool.pop(dst * bs + off, None)
+        apply_block_copies(self.pool, copies, bs)  # the runner copies whole blocks before the forward writes
 
         written = set()
         for seq, n in scheduled:

@@ -19,6 +19,7 @@ from nano_infer.prefix import make_prefix_cache
 from nano_infer.sampling_params import SamplingParams
 from nano_infer.scheduler import Scheduler
 from nano_infer.sequence import Sequence, SequenceStatus
+from kv_model import apply_block_copies
 
 
 @dataclass
@@ -131,12 +132,7 @@ class EngineLoop:
 
         # the runner: block copies, then K/V writes
         copies, self.bm.pending_copies = self.bm.pending_copies, []
-        for src, dst in copies:
-            for off in range(bs):
-                if src * bs + off in self.pool:
-                    self.pool[dst * bs + off] = self.pool[src * bs + off]
-                else:
-                    self.pool.pop(dst * bs + off, None)
+        apply_block_copies(self.pool, copies, bs)
         written = set()
         for seq, n in out.scheduled:
             for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
