@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -66,7 +66,6 @@ class Request:
     metrics: RequestMetrics
     stream: bool = False
     pending_forks: int = 0  # n > 1 on a paged cache: the other samples fork off after prefill
-    texts: dict[int, str] = field(default_factory=dict)
 
 
 class LLMEngine:
@@ -359,6 +358,3 @@ class LLMEngine:
     @property
     def history(self):
         return self.recorder.records if self.recorder else []
-
-    def num_free_blocks(self) -> int:
-        return self.kv.num_free_blocks if self.kv else 0

@@ -1,7 +1,7 @@
 """Per-request generation settings, with the names vLLM uses so scripts port unchanged."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -28,7 +28,6 @@ class SamplingParams:
     regex: str | None = None
     json_schema: dict | str | Any | None = None
     choice: list[str] | None = None
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
