@@ -25,21 +25,25 @@ import torch.nn.functional as F
 
 @dataclass
 class SeqSlice:
-    """Where one sequence's queries sit in the packed step and where its keys are."""
+    """One sequence with several query tokens in the step (a prompt, or a chunk of one)."""
 
     q_start: int
     q_len: int
     context_len: int  # keys visible to the last query = tokens cached + q_len
-    key_slots: torch.Tensor | None = None  # [context_len] slot ids into the pool (None for dense)
+    block_table: torch.Tensor | None = None  # [ceil(context_len / block_size)] block ids (None for dense)
+    mask: torch.Tensor | None = None  # causal mask, built by the first layer that needs it and reused by the rest
 
 
 @dataclass
 class DecodeBatch:
-    """Decodes attended in one call: B sequences of similar context length, padded to the longest of them."""
+    """Decodes attended in one call: rows [start, end) of the packed step, one query token each,
+    sequences of similar context length, padded to the longest of them."""
 
-    rows: torch.Tensor  # [B] positions in the packed step of the 1-token queries
-    slots: torch.Tensor  # [B, S] key slots, padded to the longest context in this batch
-    mask: torch.Tensor  # [B, 1, 1, S] True where a key is visible
+    start: int
+    end: int
+    block_tables: torch.Tensor  # [B, ceil(longest context / block_size)] block ids, padded with block 0
+    context_lens: torch.Tensor  # [B]
+    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] additive: 0 for a visible key, -inf past the context
 
 
 @dataclass
@@ -107,7 +111,9 @@ class AttentionBackend:
     """Writes the step's K/V into the cache (if any) and computes attention for one layer.
 
     `kv_cache` is [num_layers, 2, num_slots, num_kv_heads, head_dim] or None. A slot is one
-    token's K (or V) vector; slot = block_id * block_size + offset.
+    token's K (or V) vector; slot = block_id * block_size + offset. Reads go block by block:
+    seen as [num_blocks, block_size * kv_heads * head_dim], an `index_select` over a block
+    table copies a few large rows instead of one small row per token.
     """
 
     def __init__(self, impl: str, kv_cache: torch.Tensor | None, blocks_per_chunk: int = 16):
@@ -121,51 +127,54 @@ class AttentionBackend:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = self.meta
         num_kv_heads = k.shape[1]
-        if self.kv_cache is not None:
-            k_pool, v_pool = self.kv_cache[layer, 0], self.kv_cache[layer, 1]
-            k_pool.index_copy_(0, meta.slot_mapping, k)
-            v_pool.index_copy_(0, meta.slot_mapping, v)
-        out = torch.empty_like(q)
         groups = q.shape[1] // num_kv_heads
+        if self.kv_cache is not None:
+            self.kv_cache[layer, 0].index_copy_(0, meta.slot_mapping, k)
+            self.kv_cache[layer, 1].index_copy_(0, meta.slot_mapping, v)
+            k_blocks = self.kv_cache[layer, 0].view(-1, meta.block_size * k.shape[1] * k.shape[2])
+            v_blocks = self.kv_cache[layer, 1].view(k_blocks.shape)
+        out = torch.empty_like(q)
         for s in meta.prefills:
             qs = fold_gqa(q[s.q_start : s.q_start + s.q_len], num_kv_heads)  # [KVH, G*L, D]
-            if self.kv_cache is None:  # dense: the chunk is the whole sequence
-                ks, vs = k[s.q_start : s.q_start + s.q_len], v[s.q_start : s.q_start + s.q_len]
-                o = sdpa(qs, ks.transpose(0, 1), vs.transpose(0, 1), causal_mask(s.q_len, s.context_len, groups, q.device))
-            elif self.impl == "blockwise":
-                o = self._blockwise(qs, k_pool, v_pool, s.key_slots[None], torch.tensor([s.context_len], device=q.device), s.q_len, groups)[0]
+            if self.impl == "blockwise":
+                context_lens = torch.tensor([s.context_len], device=q.device)
+                o = self._blockwise(qs[None], k_blocks, v_blocks, s.block_table[None], context_lens, s.q_len, groups)[0]
             else:
-                ks, vs = k_pool.index_select(0, s.key_slots), v_pool.index_select(0, s.key_slots)
-                o = sdpa(qs, ks.transpose(0, 1), vs.transpose(0, 1), causal_mask(s.q_len, s.context_len, groups, q.device))
+                if s.mask is None:
+                    s.mask = causal_mask(s.q_len, s.context_len, groups, q.device)
+                if s.context_len == s.q_len:  # nothing cached before the chunk: its own K/V, no pool read
+                    ks, vs = k[s.q_start : s.q_start + s.q_len], v[s.q_start : s.q_start + s.q_len]
+                else:
+                    ks = k_blocks.index_select(0, s.block_table).view(-1, *k.shape[1:])[: s.context_len]
+                    vs = v_blocks.index_select(0, s.block_table).view(-1, *k.shape[1:])[: s.context_len]
+                o = sdpa(qs, ks.transpose(0, 1), vs.transpose(0, 1), s.mask)
             out[s.q_start : s.q_start + s.q_len] = unfold_gqa(o, s.q_len)
         for d in meta.decodes:
-            qd = fold_gqa(q[d.rows].unsqueeze(1), num_kv_heads)  # [B, KVH, G, D]
+            qd = fold_gqa(q[d.start : d.end].unsqueeze(1), num_kv_heads)  # [B, KVH, G, D]
             if self.impl == "blockwise":
-                o = self._blockwise(qd, k_pool, v_pool, d.slots, d.mask.sum(-1).view(-1), 1, groups)
+                o = self._blockwise(qd, k_blocks, v_blocks, d.block_tables, d.context_lens, 1, groups)
             else:
-                B, S = d.slots.shape
-                flat = d.slots.reshape(-1)
-                kd = k_pool.index_select(0, flat).view(B, S, num_kv_heads, -1).transpose(1, 2)
-                vd = v_pool.index_select(0, flat).view(B, S, num_kv_heads, -1).transpose(1, 2)
+                kd, vd = (b.index_select(0, d.block_tables.view(-1)).view(d.end - d.start, -1, *k.shape[1:]).transpose(1, 2)
+                          for b in (k_blocks, v_blocks))  # [B, KVH, S, D]
                 o = sdpa(qd, kd, vd, d.mask)
-            out[d.rows] = unfold_gqa(o, 1).squeeze(1)
+            out[d.start : d.end] = unfold_gqa(o, 1).squeeze(1)
         return out
 
-    def _blockwise(self, q, k_pool, v_pool, slots, context_lens, q_len, groups):
-        """q [B, KVH, G*q_len, D]; slots [B, S]; walks S in chunks of `blocks_per_chunk` blocks."""
-        B, S = slots.shape
-        chunk = self.blocks_per_chunk * self.meta.block_size
+    def _blockwise(self, q, k_blocks, v_blocks, block_tables, context_lens, q_len, groups):
+        """q [B, KVH, G*q_len, D]; block_tables [B, n]; walks the tables `blocks_per_chunk` blocks at a time."""
+        B = block_tables.shape[0]
+        bs = self.meta.block_size
         scale = 1.0 / math.sqrt(q.shape[-1])
         # absolute position of each query row (same for every group), per sequence: [B, G*q_len, 1]
         q_pos = (context_lens.view(B, 1) - q_len + torch.arange(q_len, device=q.device).view(1, q_len)).repeat(1, groups).unsqueeze(-1)
 
         def chunks():
-            for start in range(0, S, chunk):
-                idx = slots[:, start : start + chunk]
-                n = idx.shape[1]
-                kc = k_pool.index_select(0, idx.reshape(-1)).view(B, n, k_pool.shape[1], -1).transpose(1, 2)
-                vc = v_pool.index_select(0, idx.reshape(-1)).view(B, n, v_pool.shape[1], -1).transpose(1, 2)
-                key_pos = torch.arange(start, start + n, device=q.device).view(1, 1, n)
-                yield kc, vc, (key_pos <= q_pos).unsqueeze(1)  # [B, 1, G*q_len, n]
+            for first in range(0, block_tables.shape[1], self.blocks_per_chunk):
+                table = block_tables[:, first : first + self.blocks_per_chunk]
+                kc, vc = (b.index_select(0, table.reshape(-1)).view(B, -1, q.shape[1], q.shape[-1]).transpose(1, 2)
+                          for b in (k_blocks, v_blocks))  # [B, KVH, n, D]
+                n = kc.shape[2]
+                key_pos = torch.arange(first * bs, first * bs + n, device=q.device).view(1, 1, n)
+                yield kc, vc, (key_pos <= q_pos).unsqueeze(1)  # mask [B, 1, G*q_len, n]
 
         return online_softmax_attention(q, chunks(), scale)

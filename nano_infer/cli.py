@@ -15,7 +15,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache", default="auto", choices=["auto", "none", "hash", "radix"])
     p.add_argument("--attention", default="gather", choices=["gather", "blockwise"])
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=256)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

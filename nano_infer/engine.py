@@ -48,7 +48,7 @@ class EngineConfig:
     attention: str = "gather"
     scheduler: str = "continuous"
     scheduler_policy: str = "fcfs"
-    max_num_seqs: int = 64
+    max_num_seqs: int = 256  # vLLM's default; a CPU decode step gets cheaper per token up to ~64-128 rows
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True

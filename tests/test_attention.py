@@ -25,7 +25,7 @@ IMPLS = ["gather", "blockwise"]
 
 
 def build_step(seqs, num_kv_heads, groups, head_dim, block_size, num_layers=2, layer=1, seed=0):
-    """seqs: list of (num_cached, q_len). Returns (pool, meta, q, k, v, reference output, expected pool rows)."""
+    """seqs: list of (num_cached, q_len). Returns (pool, meta, q, k, v, reference output)."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     num_heads = num_kv_heads * groups
@@ -34,8 +34,14 @@ def build_step(seqs, num_kv_heads, groups, head_dim, block_size, num_layers=2, l
     pool = torch.randn(num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim, generator=gen)
     free = list(range(num_blocks))
     rng.shuffle(free)
-    order = list(range(len(seqs)))
-    rng.shuffle(order)  # prefills and decodes interleaved in the packed batch
+    # The packed batch: prefill chunks in random order, with the decodes as one run of rows somewhere
+    # among them (each decode batch is a contiguous range of rows), in random order of length.
+    prefill_ids = [i for i, (_, n) in enumerate(seqs) if n > 1]
+    decode_ids = [i for i, (_, n) in enumerate(seqs) if n == 1]
+    rng.shuffle(prefill_ids)
+    rng.shuffle(decode_ids)
+    cut = rng.randint(0, len(prefill_ids))
+    order = prefill_ids[:cut] + decode_ids + prefill_ids[cut:]
     q_parts, k_parts, v_parts, slot_mapping, prefills, decodes = [], [], [], [], [], []
     refs, q_start = {}, 0
     for i in order:
@@ -53,21 +59,22 @@ def build_step(seqs, num_kv_heads, groups, head_dim, block_size, num_layers=2, l
         v_parts.append(v_all[cached:])
         slot_mapping.append(slots[cached:])
         if q_len == 1:
-            decodes.append((q_start, slots, ctx))
+            decodes.append((q_start, table, ctx))
         else:
-            prefills.append(SeqSlice(q_start, q_len, ctx, slots))
+            prefills.append(SeqSlice(q_start, q_len, ctx, torch.tensor(table)))
         refs[i] = (q_start, reference(q, k_all, v_all, cached))
         q_start += q_len
     meta = AttentionMetadata(slot_mapping=torch.cat(slot_mapping), prefills=prefills, block_size=block_size)
     size = rng.randint(1, max(1, len(decodes)))  # decodes go in one or several batches, each padded on its own
     for start in range(0, len(decodes), size):
         batch = decodes[start : start + size]
-        longest = max(ctx for _, _, ctx in batch)
-        # padding points at slot 0, which belongs to some sequence (or is garbage): the mask must hide it
-        padded = [torch.cat([slots, torch.zeros(longest - ctx, dtype=torch.long)]) for _, slots, ctx in batch]
+        width = max(len(table) for _, table, _ in batch)
+        # padding points at block 0, which belongs to some sequence (or is garbage): the mask must hide it
+        tables = torch.tensor([table + [0] * (width - len(table)) for _, table, _ in batch])
         lens = torch.tensor([ctx for _, _, ctx in batch])
-        mask = (torch.arange(longest)[None, :] < lens[:, None]).view(len(batch), 1, 1, longest)
-        meta.decodes.append(DecodeBatch(torch.tensor([row for row, _, _ in batch]), torch.stack(padded), mask))
+        hidden = torch.arange(width * block_size)[None, :] >= lens[:, None]
+        mask = torch.zeros(hidden.shape).masked_fill(hidden, float("-inf")).view(len(batch), 1, 1, -1)
+        meta.decodes.append(DecodeBatch(batch[0][0], batch[0][0] + len(batch), tables, lens, mask))
     q, k, v = torch.cat(q_parts), torch.cat(k_parts), torch.cat(v_parts)
     expected = torch.empty(q.shape, dtype=torch.float64)
     for q_start_i, out in refs.values():
@@ -164,9 +171,9 @@ def test_builds_nothing_off_the_model_device(impl):
     dev = torch.device("meta")
     pool = torch.empty(1, 2, 64, 2, 8, device=dev)
     meta = AttentionMetadata(slot_mapping=torch.arange(5, 11, device=dev),
-                             prefills=[SeqSlice(0, 5, 10, torch.arange(10, device=dev))], block_size=4)
-    meta.decodes = [DecodeBatch(torch.tensor([5], device=dev), torch.arange(20, 33, device=dev).view(1, 13),
-                                torch.ones(1, 1, 1, 13, dtype=torch.bool, device=dev))]
+                             prefills=[SeqSlice(0, 5, 10, torch.arange(3, device=dev))], block_size=4)
+    meta.decodes = [DecodeBatch(5, 6, torch.arange(5, 9, device=dev).view(1, 4), torch.tensor([13], device=dev),
+                                torch.zeros(1, 1, 1, 16, device=dev))]
     backend = AttentionBackend(impl, pool, blocks_per_chunk=2)
     backend.meta = meta
     out = backend.attend(0, torch.empty(6, 4, 8, device=dev), torch.empty(6, 2, 8, device=dev), torch.empty(6, 2, 8, device=dev))

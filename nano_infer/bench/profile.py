@@ -64,12 +64,12 @@ def step_breakdown(engine, steps: int = 20) -> tuple[float, dict[str, float]]:
             for name in path.split("."):
                 module = getattr(module, name)
             handles += _hook(module, totals, label)
-    handles += _hook(model.rotary, totals, "rotary")
     patched = {
         (runner.backend, "attend"): "attention (write KV + read through block table)",
         (runner, "prepare"): "runner.prepare (pack the step)",
         (engine.scheduler, "schedule"): "scheduler.schedule",
         (model, "compute_logits"): "lm_head (compute_logits)",
+        (model.rotary, "lookup"): "rotary cos/sin lookup",
     }
     originals = {}
     for (obj, name), label in patched.items():
