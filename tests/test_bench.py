@@ -12,7 +12,7 @@ import torch
 from nano_infer.bench.__main__ import main
 from nano_infer.bench.compare import Bench, mean_decode_context
 from nano_infer.bench.random_model import random_qwen2_model
-from nano_infer.bench.roofline import flops_per_token, matmul_params
+from nano_infer.bench.roofline import flops_per_token, matmul_params, workload_flops
 from nano_infer.bench.workload import (BenchRequest, Workload, make_workload, ordinary_token_ids, percentile,
                                        result_from_token_times)
 
@@ -60,6 +60,20 @@ def test_flops_count_matches_the_model_weights(qwen2_dir):
     cfg = model.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     assert flops_per_token(cfg, 100) == 2 * linear + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * 100
+
+
+def test_workload_flops_is_every_forwarded_token(qwen2_dir):
+    """Counted token by token with flops_per_token: the prompt's tokens and all but the last output go through
+    the layers, each over the keys up to itself; the LM head runs once per output."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(qwen2_dir)
+    head = 2 * cfg.hidden_size * cfg.vocab_size
+    expected = 0.0
+    for p, m in [(5, 3), (1, 1), (12, 7)]:
+        expected += sum(flops_per_token(cfg, i + 1) - head for i in range(p + m - 1)) + m * head
+    assert workload_flops(cfg, [(5, 3), (1, 1), (12, 7)]) == pytest.approx(expected)
+    assert workload_flops(cfg, [(5, 3)]) < workload_flops(cfg, [(6, 3)]) < workload_flops(cfg, [(6, 4)])
 
 
 def test_random_model_has_the_shape_and_ties_the_head(tmp_path, qwen2_dir):
@@ -113,7 +127,10 @@ def test_command_line_writes_a_json_report(tmp_path, qwen2_dir, capsys):
     assert len(files) == 1 and json.loads(files[0].read_text()) == json.loads(json.dumps(report))
     workload = report["models"][0]["workloads"][0]
     assert workload["num_requests"] == 2 and set(workload["ratios"]) == {"nano_infer / hf_continuous"}
-    assert 0 < workload["roofline"]["nano_infer"]
+    ceiling = workload["ceiling_tokens_per_s"]
+    assert ceiling == pytest.approx(workload["output_tokens"] * workload["matmul_gflops"] * 1e9 / workload["work_flops"])
+    for name, share in workload["of_ceiling"].items():
+        assert 0 < share == pytest.approx(workload["median"][name]["tokens_per_s"] / ceiling)
     assert "nano_infer / hf_continuous" in capsys.readouterr().out
 
 

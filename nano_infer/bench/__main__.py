@@ -79,10 +79,14 @@ def format_table(result: dict) -> str:
     for name, r in result["ratios"].items():
         lines.append(f"  {name}: {r['median']:.2f}x tok/s (rounds: {r['min']:.2f}-{r['max']:.2f}), "
                      f"{r['cpu_median']:.2f}x tok/CPU-s")
-    if "nano_infer" in result.get("roofline", {}):
-        lines.append(f"  nano_infer output tokens/s x FLOPs/token = {result['roofline']['nano_infer']:.1%} of the matmul "
-                     f"roofline (prefill work not counted; {result['flops_per_token'] / 1e9:.3f} GFLOP/token, "
-                     f"{result['matmul_gflops']:.0f} GFLOP/s)")
+    if "ceiling_tokens_per_s" in result:
+        shares = ", ".join(f"{name} {share:.1%}" for name, share in result["of_ceiling"].items())
+        lines.append(f"  ceiling: the workload is {result['work_flops'] / 1e9:.1f} GFLOP (prefill + decode); at "
+                     f"{result['matmul_gflops']:.0f} GFLOP/s no engine exceeds {result['ceiling_tokens_per_s']:.0f} tok/s here. "
+                     f"Reached: {shares}")
+        for name, share in result["of_ceiling"].items():
+            if name != "nano_infer":
+                lines.append(f"  => no engine can be more than {1 / share:.1f}x {name} on this workload and machine")
     return "\n".join(lines)
 
 
@@ -132,9 +136,9 @@ def main(argv=None) -> dict:
             result = bench.run(n, args.rounds or preset["rounds"], args.seed, preset["prompt_len"], preset["output_len"])
             # the roofline peak is re-measured after each workload and the best kept: load only ever lowers it
             gflops = max(gflops, matmul_gflops(dtype=bench.engine.dtype, device=bench.engine.device))
-            per_token = bench.decode_flops_per_token(result["mean_decode_context"])
-            result.update(matmul_gflops=gflops, flops_per_token=per_token, roofline={
-                engine: row["tokens_per_s"] * per_token / (gflops * 1e9) for engine, row in result["median"].items()})
+            ceiling = result["output_tokens"] * gflops * 1e9 / result["work_flops"]
+            result.update(matmul_gflops=gflops, ceiling_tokens_per_s=ceiling, of_ceiling={
+                engine: row["tokens_per_s"] / ceiling for engine, row in result["median"].items()})
             entry["workloads"].append(result)
             print(format_table(result), flush=True)
         if "nano_infer" in args.engines:

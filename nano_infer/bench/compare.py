@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .roofline import flops_per_token
+from .roofline import flops_per_token, workload_flops
 from .throughput import HFContinuous, run_hf_static, run_nano
 from .workload import Workload, make_workload, ordinary_token_ids
 
@@ -76,6 +76,7 @@ class Bench:
             "num_requests": num_requests, "prompt_len": list(prompt_len), "output_len": list(output_len), "seed": seed,
             "prompt_tokens": shape.num_prompt_tokens, "output_tokens": shape.num_output_tokens, "rounds": rounds,
             "mean_decode_context": mean_decode_context(shape),
+            "work_flops": workload_flops(self.engine.hf_config, [(len(r.prompt_token_ids), r.max_tokens) for r in shape.requests]),
             "median": {name: median_summary(rows) for name, rows in per_round.items()},
             "ratios": ratios(per_round),
             "per_round": per_round,

@@ -6,6 +6,11 @@ head dimension per key). Multiply by tokens/s and divide by what one large squar
 matmul achieves on the same machine, measured in the same run, and you get the fraction
 of the roofline the engine reaches. Small batches and Python overhead keep it well
 below 1; a perfectly batched decode of a big model approaches it.
+
+The same count over a whole benchmark workload (`workload_flops`: every prompt token's
+prefill as well as every decode) gives the least time any engine could take on this
+machine, hence a ceiling on tokens/s, and on how many times faster than another engine
+anything could be: ceiling / that engine's tokens/s.
 """
 from __future__ import annotations
 
@@ -47,6 +52,26 @@ def flops_per_token(config, context_len: float) -> float:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     attention = 4 * config.num_hidden_layers * config.num_attention_heads * head_dim * context_len
     return 2 * matmul_params(config) + attention
+
+
+def workload_flops(config, requests) -> float:
+    """All the forward FLOPs a workload needs, prefill included: the least work any engine must do.
+
+    A request with a p-token prompt and m outputs runs p + m - 1 tokens through the layers
+    (the last output is never fed back); the token at position i attends over i + 1 keys.
+    The LM head runs m times: once for the prompt's last token, then once per decode.
+    `requests` are (prompt length, output length) pairs. Prefix sharing would lower it; bench
+    prompts are random, so none of them share one.
+    """
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head = config.hidden_size * config.vocab_size
+    body = 2 * (matmul_params(config) - head)
+    per_key = 4 * config.num_hidden_layers * config.num_attention_heads * head_dim
+    total = 0.0
+    for p, m in requests:
+        n = p + m - 1  # tokens through the layers, at positions 0 .. n-1
+        total += n * body + per_key * n * (n + 1) / 2 + m * 2 * head
+    return total
 
 
 def decode_throughput(engine, num_seqs: int, context: int, steps: int = 5) -> dict:
