@@ -2,7 +2,7 @@
 
 The case is built the way the engine builds it: a paged KV pool, sequences whose block
 tables point at shuffled blocks, and `ModelRunner.prepare` to turn them into the step's
-metadata (slot mapping, padded decode slots, mask). Only the model is missing: q, k and v
+metadata (slot mapping, padded decode block tables, masks). Only the model is missing: q, k and v
 are random, since attention cost does not depend on their values.
 
 Peak memory is the most bytes the call holds in temporaries at once: on CUDA from the
