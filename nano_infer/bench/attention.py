@@ -36,6 +36,7 @@ class StepCase:
     v: torch.Tensor
     seqs: list[Sequence]  # block tables and positions, as the engine keeps them
     num_new: list[int]  # tokens each sequence computes in this step
+    first_rows: list[int]  # where each sequence's new tokens start in q (the runner packs decodes first)
 
     def __call__(self) -> torch.Tensor:
         return self.backend.attend(0, self.q, self.k, self.v)
@@ -59,14 +60,16 @@ def step_case(impl: str, work: list[tuple[int, int]], num_heads: int, num_kv_hea
         seqs.append(seq)
     runner = ModelRunner(None, pool, impl, block_size, device)
     runner.backend.blocks_per_chunk = blocks_per_chunk
-    _, _, meta, _ = runner.prepare([(seq, new) for seq, (_, new) in zip(seqs, work)])
+    _, _, meta, last_rows = runner.prepare([(seq, new) for seq, (_, new) in zip(seqs, work)])
     runner.backend.meta = meta
     T = sum(new for _, new in work)
 
     def rand(heads):
         return torch.randn(T, heads, head_dim, generator=gen, device=device, dtype=dtype)
 
-    return StepCase(runner.backend, rand(num_heads), rand(num_kv_heads), rand(num_kv_heads), seqs, [new for _, new in work])
+    num_new = [new for _, new in work]
+    first_rows = [last - new + 1 for last, new in zip(last_rows, num_new)]  # every sequence reaches its end
+    return StepCase(runner.backend, rand(num_heads), rand(num_kv_heads), rand(num_kv_heads), seqs, num_new, first_rows)
 
 
 def best_time(fn, repeats: int = 7, inner: int = 3) -> float:
