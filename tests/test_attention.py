@@ -178,3 +178,13 @@ def test_builds_nothing_off_the_model_device(impl):
     backend.meta = meta
     out = backend.attend(0, torch.empty(6, 4, 8, device=dev), torch.empty(6, 2, 8, device=dev), torch.empty(6, 2, 8, device=dev))
     assert out.shape == (6, 4, 8) and out.device == dev
+
+
+@pytest.mark.parametrize("plain_bytes", [0, 1 << 40])
+def test_prefill_through_fused_sdpa_or_plain_ops(monkeypatch, plain_bytes):
+    """On a CPU, prefill calls whose scores fit CPU_PLAIN_ATTENTION_BYTES take baddbmm/softmax/bmm, the rest SDPA:
+    both paths must give the reference."""
+    import nano_infer.attention as attention
+
+    monkeypatch.setattr(attention, "CPU_PLAIN_ATTENTION_BYTES", plain_bytes)
+    run("gather", [(0, 9), (20, 1), (16, 16), (31, 3)], num_kv_heads=2, groups=3, head_dim=16, block_size=8)
