@@ -62,6 +62,9 @@ SCHEMAS = {
               "required": ["value", "code"]},
     "oneof": {"oneOf": [{"type": "integer"}, {"type": "string", "maxLength": 6}]},
     "pydantic": Person.model_json_schema(),
+    "any_object": {"type": "object"},  # response_format json_object
+    "dict_of_ints": {"type": "object", "additionalProperties": {"type": "integer"}},
+    "empty_object": {"type": "object", "additionalProperties": False},
 }
 
 VALID = {
@@ -73,6 +76,10 @@ VALID = {
     "oneof": [12, "twelve"],
     "pydantic": [Person(name="Ada", age=36, color=Color.green, home=Address(city="上海", zip="20000"),
                         nicknames=["A", "🙂"], score=2.5).model_dump(mode="json")],
+    "any_object": [{}, {"a": 1}, {"": None, "北京": "🙂", "x": -2.5e3}, {"k": [1, "x", None, True]},
+                   {"n": {"m": [False, 1], "e": {}}, "l": [[1], {"z": "w"}]}, {"a": {"b": {}}}],
+    "dict_of_ints": [{}, {"a": 1, "b": -20}],
+    "empty_object": [{}],
 }
 
 INVALID = {
@@ -83,6 +90,10 @@ INVALID = {
     "anyof": ['{"value": 3, "code": "ab-123"}'],
     "oneof": ["1.5"],
     "pydantic": [],
+    # a fourth level of nesting, a trailing comma, a non-string key, another layout, not an object
+    "any_object": ['{"a": {"b": {"c": [1]}}}', '{"a": [[[1]]]}', '{"a": [[{}]]}', '{"a": 1,}', '{1: 2}', '{"a":1}', "[1]", '"x"'],
+    "dict_of_ints": ['{"a": "1"}', '{"a": 1.5}'],
+    "empty_object": ['{"a": 1}'],
 }
 
 
@@ -149,7 +160,8 @@ BAD = [
     ({"type": "integer", "minimum": 0}, "keyword 'minimum' at #"),
     ({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}}, "'format' at #/properties/d"),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "not in properties"),
-    ({"type": "object"}, "needs 'properties'"),
+    ({"type": "object", "properties": [1]}, "'properties' at # must be an object"),
+    ({"type": "object", "additionalProperties": {"type": "date"}}, "unknown type 'date' at #/additionalProperties"),
     ({"type": "array"}, "needs 'items'"),
     ({"type": "string", "minLength": 5, "maxLength": 2}, "nothing is valid"),
     ({"type": "string", "pattern": "^.+$"}, "must escape"),

@@ -13,6 +13,7 @@ import nano_infer.engine
 import nano_infer.server
 from nano_infer import LLM, SamplingParams
 from nano_infer.async_engine import AsyncLLM
+from nano_infer.constrained import ByteDFA, json_schema_to_regex
 from nano_infer.detokenizer import _byte_decoder
 from nano_infer.server import BackgroundServer, CompletionBody, _sampling_params
 from engine_checks import assert_idle_and_blocks_free, record_aborts
@@ -255,6 +256,18 @@ def test_response_format_json_schema_constrains_the_reply(client, model):
     for text in (whole.choices[0].message.content, streamed):
         jsonschema.validate(json.loads(text), schema)
     assert whole.choices[0].finish_reason == "stop"
+
+
+def test_response_format_json_object_gives_an_object(client, model):
+    """Any JSON object: the random-weight model may not close it within max_tokens, but what it writes is one."""
+    reply = client.chat.completions.create(model=model, messages=CHAT, max_tokens=60, temperature=0,
+                                           response_format={"type": "json_object"}).choices[0]
+    text = reply.message.content
+    dfa = ByteDFA.from_regex(json_schema_to_regex({"type": "object"}))
+    assert text.startswith("{") and dfa.walk(text.encode()) >= 0  # an object so far
+    assert reply.finish_reason in ("stop", "length")
+    if reply.finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
 
 
 def test_response_format_becomes_a_json_schema_constraint():

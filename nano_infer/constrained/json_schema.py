@@ -7,6 +7,13 @@ the spacing most JSON on the web uses. Properties come in schema order; optional
 left out; properties the schema does not list are never produced (additionalProperties can
 allow them, never require them).
 
+An object schema without "properties" (what OpenAI's `response_format: json_object` asks for)
+is any object: string keys, and values of its additionalProperties schema, or any JSON value
+when that is absent or true. Such free values nest at most ANY_JSON_DEPTH levels of arrays and
+objects, counting the object itself: a regex cannot count brackets without a bound, and each
+level multiplies the regex by four (depth 3 builds its DFA in ~5 s on a 2-core CPU, depth 4 in
+over a minute). Keys may repeat, as JSON syntax allows.
+
 Supported: type (string, integer, number, boolean, null, array, object, or a list of these),
 properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength,
 pattern, enum, const, anyOf, oneOf (whose options must not overlap), allOf of one schema,
@@ -30,6 +37,9 @@ STRING_CHAR = (r'([^"\\\x00-\x1f]|\\["\\/bfnrt]'
 INTEGER = r"-?(0|[1-9][0-9]*)"
 NUMBER = INTEGER + r"(\.[0-9]+)?([eE][+-]?[0-9]+)?"
 SIMPLE_TYPES = {"integer": INTEGER, "number": NUMBER, "boolean": "(true|false)", "null": "null"}
+STRING = '"' + STRING_CHAR + '*"'
+SCALAR = "(" + "|".join([STRING, NUMBER, "true", "false", "null"]) + ")"
+ANY_JSON_DEPTH = 3
 
 ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
                "deprecated", "readOnly", "writeOnly", "$defs", "definitions"}
@@ -141,10 +151,15 @@ class _Converter:
         return r"\[" + (f"({item}{more})?" if lo == 0 else item + more) + r"\]"
 
     def object(self, node: dict, path: str) -> str:
+        if "properties" not in node:
+            extra = node.get("additionalProperties", True)
+            if extra is False:
+                return r"\{\}"
+            value = _any_value(ANY_JSON_DEPTH - 1) if extra is True else self.regex(extra, f"{path}/additionalProperties")
+            return _members(value)
         properties = node.get("properties")
         if not isinstance(properties, dict):
-            raise ValueError(f"object at {path} needs 'properties' (an object with any keys "
-                             f"needs a grammar, not a regex)")
+            raise ValueError(f"'properties' at {path} must be an object, got {properties!r}")
         required = _list(node, "required", path) if "required" in node else []
         missing = [r for r in required if r not in properties]
         if missing:
@@ -184,6 +199,21 @@ class _Converter:
             return self.regex(target, ref)
         finally:
             self.expanding.pop()
+
+
+def _members(value: str) -> str:
+    """An object of any string keys, each with a value matching `value`."""
+    member = f"{STRING}: {value}"
+    return r"\{(" + member + f"(, {member})*)?" + r"\}"
+
+
+def _any_value(depth: int) -> str:
+    """Any JSON value with at most `depth` levels of arrays and objects."""
+    value = SCALAR
+    for _ in range(depth):
+        array = r"\[(" + value + f"(, {value})*)?" + r"\]"
+        value = _one_of([SCALAR, array, _members(value)])
+    return value
 
 
 def _list(node: dict, key: str, path: str) -> list:
