@@ -65,7 +65,10 @@ class Request:
     seqs: list[Sequence]
     metrics: RequestMetrics
     stream: bool = False
-    pending_forks: int = 0  # n > 1 on a paged cache: the other samples fork off after prefill
+
+    @property
+    def pending_forks(self) -> int:
+        return sum(s.num_pending_forks for s in self.seqs)
 
 
 class LLMEngine:
@@ -193,12 +196,14 @@ class LLMEngine:
                 raise ValueError(
                     f"request needs up to {need} KV blocks but the pool has {self.kv.num_blocks}; "
                     f"it could never fit: lower max_tokens or give the cache more memory")
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={params.n} samples run side by side, but max_num_seqs={self.config.max_num_seqs}")
         constraint = self._build_constraint(params)
         fork = params.n > 1 and isinstance(self.kv, BlockManager)
         seqs = [self._new_seq(request_id, prompt_token_ids, params, i, constraint, stream) for i in range(1 if fork else params.n)]
         metrics = RequestMetrics(arrival_time=arrival_time or time.perf_counter())
-        req = Request(request_id, prompt, prompt_token_ids, params, seqs, metrics, stream,
-                      pending_forks=params.n - 1 if fork else 0)
+        seqs[0].num_pending_forks = params.n - 1 if fork else 0
+        req = Request(request_id, prompt, prompt_token_ids, params, seqs, metrics, stream)
         self.requests[request_id] = req
         for seq in seqs:
             self.scheduler.add(seq)
@@ -256,7 +261,7 @@ class LLMEngine:
         rows = list(range(len(samplers)))
         for i, seq in enumerate(list(samplers)):
             req = self.requests[seq.request_id]
-            if req.pending_forks and seq.num_output_tokens == 0:
+            if seq.num_pending_forks:
                 children = self._fork(req, seq)
                 samplers += children
                 rows += [i] * len(children)
@@ -290,7 +295,7 @@ class LLMEngine:
     def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
         """n > 1: the other samples share the prompt's blocks with the first (copy-on-write later)."""
         children = []
-        for index in range(1, req.pending_forks + 1):
+        for index in range(1, parent.num_pending_forks + 1):
             child = self._new_seq(req.request_id, req.prompt_token_ids, req.params, index, parent.constraint, req.stream, parent)
             child.num_computed_tokens = parent.num_computed_tokens
             child.num_cached_tokens = parent.num_cached_tokens
@@ -301,7 +306,7 @@ class LLMEngine:
             self.scheduler.running.append(child)
             children.append(child)
         req.seqs += children
-        req.pending_forks = 0
+        parent.num_pending_forks = 0
         return children
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> None:

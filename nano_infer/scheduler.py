@@ -100,8 +100,12 @@ class Scheduler:
         if self.policy == "lpm" and len(self.waiting) > 1:
             # stable sort: ties keep arrival order
             self.waiting = deque(sorted(self.waiting, key=lambda s: -len(self.prefix_cache.match(s.token_ids))))
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        # a seat for every running sequence and for each sample it will still fork off (n > 1)
+        seats = len(self.running) + sum(s.num_pending_forks for s in self.running)
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
+            if seats + 1 + seq.num_pending_forks > self.max_num_seqs:
+                break
             if self.prefix_cache is not None:
                 self.prefix_cache.acquire(seq)
             n = self._tokens_for(seq, budget)
@@ -117,6 +121,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append((seq, n))
             budget -= n
+            seats += 1 + seq.num_pending_forks
 
     def _undo_admission(self, seq: Sequence) -> None:
         if self.prefix_cache is not None:

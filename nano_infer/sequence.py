@@ -36,6 +36,9 @@ class Sequence:
     prefix_node: object = None  # radix tree node this sequence holds locked
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks (hash cache)
     num_preemptions: int = 0
+    # n > 1 on a paged cache: samples that fork off this sequence once its prompt is computed
+    # (they share its blocks); the scheduler keeps a seat for each from admission on
+    num_pending_forks: int = 0
 
     def __post_init__(self):
         if not self.token_ids:

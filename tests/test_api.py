@@ -110,6 +110,30 @@ def test_n_samples_share_prompt_blocks(qwen2_dir, tokenizer):
     assert_clean(llm.engine)
 
 
+def test_forked_samples_count_against_max_num_seqs(qwen2_dir, tokenizer):
+    """A request with n samples takes n seats from admission on: its forks never push the running batch past
+    max_num_seqs, and n > max_num_seqs is refused up front."""
+    llm = LLM(str(qwen2_dir), block_size=4, max_num_seqs=3)
+    engine = llm.engine
+    with pytest.raises(ValueError, match="n=4 samples run side by side, but max_num_seqs=3"):
+        engine.add_request("too-many", "To be", SamplingParams(n=4))
+    assert not engine.has_unfinished_requests()
+    params = [SamplingParams(n=n, temperature=1.0, seed=i, max_tokens=5, ignore_eos=True) for i, n in enumerate([2, 3, 1, 2, 1])]
+    for i, p in enumerate(params):
+        engine.add_request(f"r{i}", f"To be, or not to be {i}", p)
+    finished, peak = {}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+        peak = max(peak, len(engine.scheduler.running))
+        assert len(engine.scheduler.running) <= 3
+    assert peak == 3
+    assert {r: len(o.outputs) for r, o in finished.items()} == {f"r{i}": p.n for i, p in enumerate(params)}
+    assert all(len(c.token_ids) == 5 for o in finished.values() for c in o.outputs)
+    assert_clean(engine)
+
+
 def test_stop_strings_and_stop_token_ids(llm):
     base = llm.generate(["To be, or not"], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].outputs[0]
     text = base.text
