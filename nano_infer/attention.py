@@ -84,15 +84,17 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) 
 
 
 # PyTorch's fused CPU attention kernel, given a mask, took 1.4-3x as long as three plain ops for every
-# prompt length measured (64 to 2,048 tokens, 2 cores). The plain ops hold the whole score matrix, so
-# on a CPU they take the prefill calls whose scores fit in this many bytes; SDPA takes the rest, and
-# every call on a GPU, where its fused kernels are the fast path.
+# prompt length measured (64 to 2,048 tokens, 2 cores, float32). The plain ops hold the whole score
+# matrix, so on a CPU they take the float32 prefill calls whose scores fit in this many bytes; SDPA
+# takes the rest (and lower precisions, whose softmax it computes in float32), and every call on a
+# GPU, where its fused kernels are the fast path.
 CPU_PLAIN_ATTENTION_BYTES = 32 * 2**20
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """q [KVH, M, D], k/v [KVH, S, D], additive mask [M, S] (0 visible, -inf hidden)."""
-    if q.device.type == "cpu" and q.shape[0] * q.shape[1] * k.shape[1] * q.element_size() <= CPU_PLAIN_ATTENTION_BYTES:
+    if (q.device.type == "cpu" and q.dtype == torch.float32
+            and q.shape[0] * q.shape[1] * k.shape[1] * q.element_size() <= CPU_PLAIN_ATTENTION_BYTES):
         scores = torch.baddbmm(mask, q, k.transpose(1, 2), alpha=q.shape[-1] ** -0.5)
         return torch.bmm(scores.softmax(dim=-1), v)
     return sdpa(q, k, v, mask)
