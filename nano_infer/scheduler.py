@@ -13,8 +13,8 @@ budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`):
    and running requests never stall behind a long prompt. (With chunked prefill off, a
    prompt longer than the budget still runs, alone in its step.)
 
-`policy="lpm"` orders the queue by longest prefix-cache match first (SGLang's default);
-`"fcfs"` keeps arrival order. `mode="static"` is the baseline: admit a batch only when
+`policy="lpm"` orders the queue by longest prefix-cache match first (SGLang's default; up to
+LPM_MAX_QUEUE waiting requests); `"fcfs"` keeps arrival order. `mode="static"` is the baseline: admit a batch only when
 the previous one has completely finished.
 """
 from __future__ import annotations
@@ -23,6 +23,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .sequence import Sequence, SequenceStatus
+
+# LPM matches every waiting request against the prefix cache at every step. Past this many waiting
+# requests the matching costs more than the order saves, and the queue is served first come first
+# served (SGLang falls back at 128 as well).
+LPM_MAX_QUEUE = 128
 
 
 @dataclass
@@ -97,7 +102,7 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        if self.policy == "lpm" and len(self.waiting) > 1:
+        if self.policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
             # stable sort: ties keep arrival order
             self.waiting = deque(sorted(self.waiting, key=lambda s: -len(self.prefix_cache.match(s.token_ids))))
         # a seat for every running sequence and for each sample it will still fork off (n > 1)

@@ -251,7 +251,10 @@ def test_static_batching_waits_for_the_whole_batch():
     loop.check_finished()
 
 
-def test_lpm_admits_the_longest_cached_prefix_first():
+@pytest.mark.parametrize("max_queue,admitted", [(128, "r2"), (1, "r1")])
+def test_lpm_admits_the_longest_cached_prefix_first(monkeypatch, max_queue, admitted):
+    """...while the queue is at most LPM_MAX_QUEUE long; past that, first come first served."""
+    monkeypatch.setattr("nano_infer.scheduler.LPM_MAX_QUEUE", max_queue)
     loop = make_loop(cache="radix", policy="lpm", max_num_seqs=1,
                      requests=[(0, [1, 2, 3, 4, 5], 1), (0, [9, 9, 9], 1), (0, [1, 2, 3, 4, 7], 1)])
     loop.add(0)
@@ -259,8 +262,9 @@ def test_lpm_admits_the_longest_cached_prefix_first():
     loop.add(1)
     loop.add(2)
     out = loop.scheduler.schedule()
-    assert [s.request_id for s, _ in out.scheduled] == ["r2"]
-    assert out.scheduled[0][0].num_computed_tokens == 4
+    assert [s.request_id for s, _ in out.scheduled] == [admitted]
+    if admitted == "r2":
+        assert out.scheduled[0][0].num_computed_tokens == 4
 
 
 @pytest.mark.parametrize("kwargs", [dict(policy="lpm"), dict(policy="bad"), dict(mode="bad")])
