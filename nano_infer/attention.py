@@ -7,7 +7,8 @@ its `context_len` keys: the ones already in the KV cache plus its own new ones.
 Three ways to read the keys:
 - `dense`: no cache at all (stage 00). Keys are the step's own tokens.
 - `gather` (stage 02/06): copy each sequence's K/V out of the paged pool through its block
-  table into a contiguous tensor, then one `scaled_dot_product_attention`.
+  table into a contiguous tensor, then one `scaled_dot_product_attention` (or, for a small
+  float32 prefill on a CPU, the same in three plain ops: see `prefill_attention`).
 - `blockwise` (stage 06): walk the block table a few blocks at a time and merge partial
   results with an online softmax, so a sequence's whole K/V never exists in one tensor.
 
@@ -31,7 +32,7 @@ class SeqSlice:
     q_len: int
     context_len: int  # keys visible to the last query = tokens cached + q_len
     block_table: torch.Tensor | None = None  # [ceil(context_len / block_size)] block ids (None for dense)
-    mask: torch.Tensor | None = None  # causal mask, built by the first layer that needs it and reused by the rest
+    mask: torch.Tensor | None = None  # additive causal mask [G*q_len, context_len]: built by the first layer, reused
 
 
 @dataclass
