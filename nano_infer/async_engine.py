@@ -27,7 +27,10 @@ item)` instead hands the call to the loop and writes a byte to the loop's self-p
 wakes `select()`; the put then runs on the loop's own thread.
 
 The engine thread also does all tokenizing (prompts, chat templates), so the tokenizer is
-never used from two threads at once.
+never used to encode from two threads at once. One job runs elsewhere: compiling a
+constrained request's regex into a token index can take seconds, so `generate` does it on
+a worker thread first (`LLMEngine.prepare_constraint`; the index cache takes a lock), and
+the engine thread then finds it cached.
 """
 from __future__ import annotations
 
@@ -86,6 +89,8 @@ class AsyncLLM:
         cancellation, a disconnected client) aborts the request and frees its KV blocks.
         """
         params = params or SamplingParams()
+        if params.constrained:  # compile its token index off the engine thread (seconds for a big schema)
+            await asyncio.to_thread(self.engine.prepare_constraint, params)
         s = _Stream(request_id or uuid.uuid4().hex, asyncio.get_running_loop())
         self._send(("add", s, prompt, params, stream))
         deltas = _Deltas(params)

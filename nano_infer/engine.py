@@ -208,6 +208,15 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
 
+    def prepare_constraint(self, params: SamplingParams) -> None:
+        """Compile the token index a constrained request needs, so that `add_request` finds it cached.
+
+        Safe to call from another thread while the engine steps: AsyncLLM does so on a worker
+        thread, so compiling a big schema (seconds) never stalls the streams being served.
+        Raises ValueError, like `add_request`, for a constraint that cannot be built.
+        """
+        self._build_constraint(params)
+
     def _build_constraint(self, params: SamplingParams):
         if not params.constrained:
             return None

@@ -238,3 +238,21 @@ def test_incremental_detokenizer_never_splits_a_character(tokenizer):
             assert "".join(deltas) == text == tokenizer.decode(ids)
         if text != text.encode("ascii", "ignore").decode():
             assert len(one_byte_each) > len(text)  # characters really were split across tokens
+
+
+def test_a_constraint_is_compiled_off_the_engine_thread(allm, monkeypatch):
+    """Compiling a regex into a token index can take seconds: it must not run on the thread that steps every
+    stream. A bad constraint still reaches only its caller, as a ValueError."""
+    import nano_infer.constrained.constraint as constraint
+
+    threads, build = [], constraint.TokenIndex.build
+    monkeypatch.setattr(constraint.TokenIndex, "build",
+                        staticmethod(lambda *a: threads.append(threading.current_thread().name) or build(*a)))
+    params = SamplingParams(regex=r"(ab|c)[0-9]{2}", temperature=0, max_tokens=8)
+    texts, _, _ = asyncio.run(collect(allm, "x", params))
+    assert threads and "nano_infer-engine" not in threads
+    assert len(texts[0]) in (3, 4) and texts[0][-2:].isdigit()
+    with pytest.raises(ValueError, match="matches no string"):
+        asyncio.run(collect(allm, "x", SamplingParams(regex=r"a[^\s\S]")))
+    assert asyncio.run(collect(allm, "x", params))[0] == texts  # cached now, same reply
+    assert_all_blocks_free(allm)

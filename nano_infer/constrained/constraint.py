@@ -1,6 +1,7 @@
 """One request's constraint: a position in a token index, moved by each sampled token."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 
 import torch
@@ -11,6 +12,7 @@ from .token_index import TokenIndex
 from .vocabulary import TokenVocabulary
 
 INDEX_CACHE_SIZE = 8  # token indexes kept per vocabulary (with their mask rows), least recently used dropped first
+_CACHE_LOCK = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -71,13 +73,21 @@ def constraint_regex(params) -> str | None:
 
 
 def token_index(pattern: str, vocab: TokenVocabulary) -> TokenIndex:
-    """The token index of `pattern` over `vocab`, from the vocabulary's LRU cache if there."""
+    """The token index of `pattern` over `vocab`, from the vocabulary's LRU cache if there.
+
+    Thread-safe: AsyncLLM builds indexes on worker threads while the engine thread reads the
+    cache. The build itself (seconds for a big schema) runs outside the lock; two threads
+    building the same pattern at once both finish and one result is kept.
+    """
     cache = vocab.index_cache
-    if pattern in cache:
-        cache.move_to_end(pattern)
-        return cache[pattern]
+    with _CACHE_LOCK:
+        if pattern in cache:
+            cache.move_to_end(pattern)
+            return cache[pattern]
     index = TokenIndex.build(ByteDFA.from_regex(pattern), vocab)
-    cache[pattern] = index
-    if len(cache) > INDEX_CACHE_SIZE:
-        cache.popitem(last=False)
+    with _CACHE_LOCK:
+        index = cache.setdefault(pattern, index)
+        cache.move_to_end(pattern)
+        if len(cache) > INDEX_CACHE_SIZE:
+            cache.popitem(last=False)
     return index
