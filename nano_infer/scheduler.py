@@ -14,8 +14,8 @@ budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`):
    prompt longer than the budget still runs, alone in its step.)
 
 `policy="lpm"` orders the queue by longest prefix-cache match first (SGLang's default; up to
-LPM_MAX_QUEUE waiting requests); `"fcfs"` keeps arrival order. `mode="static"` is the baseline: admit a batch only when
-the previous one has completely finished.
+LPM_MAX_QUEUE waiting requests); `"fcfs"` keeps arrival order. `mode="static"` is the
+baseline: admit a batch only when the previous one has completely finished.
 """
 from __future__ import annotations
 
