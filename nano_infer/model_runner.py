@@ -73,8 +73,7 @@ class ModelRunner:
             batch = seqs[start : start + self.decode_batch]
             context_lens = torch.tensor([s.num_computed_tokens + 1 for s in batch], device=self.device)
             width = -(-(batch[-1].num_computed_tokens + 1) // bs)  # the longest is last
-            tables = torch.tensor([s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in batch],
-                                  device=self.device)
+            tables = torch.tensor([(s.block_table + [0] * width)[:width] for s in batch], device=self.device)
             hidden = torch.arange(width * bs, device=self.device) >= context_lens[:, None]
             mask = torch.zeros(hidden.shape, dtype=self.kv_pool.dtype, device=self.device).masked_fill_(hidden, float("-inf"))
             meta.decodes.append(DecodeBatch(start, start + len(batch), tables, context_lens, mask.view(len(batch), 1, 1, -1)))
