@@ -188,7 +188,9 @@ class AsyncLLM:
             return
         if out.finished:
             del self._streams[out.request_id]
-        if not self._push(s, out) and not out.finished:  # its event loop is gone
+        if out.error is not None:
+            self._push(s, out.error)
+        elif not self._push(s, out) and not out.finished:  # its event loop is gone
             del self._streams[out.request_id]
             self.engine.abort_request(out.request_id)
 

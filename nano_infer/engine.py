@@ -26,7 +26,7 @@ from .model_runner import ModelRunner
 from .models.loader import default_model, load_config, load_model, pick_dtype, resolve_model_dir
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .prefix import make_prefix_cache
-from .sampling import sample
+from .sampling import sample, seeded_generator
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
@@ -65,6 +65,7 @@ class Request:
     seqs: list[Sequence]
     metrics: RequestMetrics
     stream: bool = False
+    error: Exception | None = None  # what failed it inside a step
 
     @property
     def pending_forks(self) -> int:
@@ -229,7 +230,7 @@ class LLMEngine:
         seq = Sequence(request_id, list(prompt_token_ids), params, index=index,
                        token_ids=list(parent.token_ids) if parent else [])
         if params.seed is not None:
-            seq.generator = torch.Generator(self.device).manual_seed(params.seed + index)
+            seq.generator = seeded_generator(params.seed, index, self.device)
         if constraint is not None:
             seq.constraint = constraint if index == 0 and parent is None else constraint.fork()
         if stream or params.stop:  # text is needed while running; otherwise decode once at the end
@@ -276,12 +277,19 @@ class LLMEngine:
                 rows += [i] * len(children)
         if len(rows) != logits.shape[0]:
             logits = logits[rows]
-        tokens = sample(logits, samplers)
+        tokens = self._sample(logits, samplers)
         now = time.perf_counter()
         touched = {}
         for seq, token in zip(samplers, tokens):
-            self._append_token(seq, token, now)
-            touched[seq.request_id] = self.requests[seq.request_id]
+            req = touched[seq.request_id] = self.requests[seq.request_id]
+            if seq.is_finished:  # a sibling sample failed the request earlier in this loop
+                continue
+            try:
+                if isinstance(token, Exception):
+                    raise token
+                self._append_token(seq, token, now)
+            except Exception as e:  # noqa: BLE001 - this request fails; the step goes on for the others
+                self._fail(req, e)
         if self.prefix_cache is not None:
             for seq, _ in out.scheduled:
                 if not seq.is_finished:
@@ -300,6 +308,28 @@ class LLMEngine:
                 req.metrics.finished_time = now
                 del self.requests[req.request_id]
         return outputs
+
+    def _sample(self, logits: torch.Tensor, samplers: list[Sequence]) -> list[int | Exception]:
+        """One token per row. If the batched draw raises, each row is drawn alone, so the error
+        lands on the request that caused it and every other row still gets its token."""
+        try:
+            return sample(logits, samplers)
+        except Exception:  # noqa: BLE001
+            tokens = []
+            for i, seq in enumerate(samplers):
+                try:
+                    tokens += sample(logits[i : i + 1], [seq])
+                except Exception as e:  # noqa: BLE001
+                    tokens.append(e)
+            return tokens
+
+    def _fail(self, req: Request, error: Exception) -> None:
+        """Finish `req` with `error`: its blocks go back to the pool, the step's other requests go on."""
+        req.error = error
+        for seq in req.seqs:
+            seq.num_pending_forks = 0
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
 
     def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
         """n > 1: the other samples share the prompt's blocks with the first (copy-on-write later)."""
@@ -366,7 +396,7 @@ class LLMEngine:
         outs = [CompletionOutput(s.index, self._text(s), list(s.output_token_ids), s.finish_reason, s.stop_reason)
                 for s in sorted(req.seqs, key=lambda s: s.index)]
         finished = all(s.is_finished for s in req.seqs) and not req.pending_forks
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, req.metrics)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, req.metrics, req.error)
 
     # -- introspection -----------------------------------------------------------------------
     @property

@@ -40,6 +40,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    # set when this request failed inside a step (the others in the step carry on); it is then finished
+    error: Exception | None = None
 
     @property
     def num_cached_tokens(self) -> int:
