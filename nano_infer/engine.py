@@ -12,6 +12,7 @@ on the same engine: `kv_cache` ("none" | "contiguous" | "paged"), `block_size`,
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     log_blocks: bool = False
     record_steps: bool = False
+    constraint_limits: object = None  # constrained.ConstraintLimits; None: its defaults
 
 
 @dataclass
@@ -169,15 +171,17 @@ class LLMEngine:
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None, params: SamplingParams | None = None,
                     prompt_token_ids: list[int] | None = None, stream: bool = False,
-                    arrival_time: float | None = None) -> None:
-        """Validate and queue a request. Raises ValueError (and changes nothing) on bad input."""
+                    arrival_time: float | None = None, constraint_index=None) -> None:
+        """Validate and queue a request. Raises ValueError (and changes nothing) on bad input.
+
+        `constraint_index` is the constraint's compiled token index when the caller built it
+        already (AsyncLLM does so off the engine thread); otherwise it is compiled here.
+        """
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if prompt_token_ids is None:
-            if not isinstance(prompt, str) or not prompt:
-                raise ValueError("prompt must be a non-empty string (or pass prompt_token_ids)")
-            prompt_token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            prompt_token_ids = self.encode(prompt)
         prompt_token_ids = list(prompt_token_ids)
         if not prompt_token_ids:
             raise ValueError("prompt is empty: it must have at least one token")
@@ -199,7 +203,7 @@ class LLMEngine:
                     f"it could never fit: lower max_tokens or give the cache more memory")
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n={params.n} samples run side by side, but max_num_seqs={self.config.max_num_seqs}")
-        constraint = self._build_constraint(params)
+        constraint = self._build_constraint(params, constraint_index)
         fork = params.n > 1 and isinstance(self.kv, BlockManager)
         seqs = [self._new_seq(request_id, prompt_token_ids, params, i, constraint, stream) for i in range(1 if fork else params.n)]
         metrics = RequestMetrics(arrival_time=arrival_time or time.perf_counter())
@@ -209,22 +213,36 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
 
-    def prepare_constraint(self, params: SamplingParams) -> None:
-        """Compile the token index a constrained request needs, so that `add_request` finds it cached.
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids of a text prompt. A text too long to fit max_model_len in any tokenization is
+        refused before tokenizing it (a 20 MB prompt would otherwise take ~40 s and GBs of memory)."""
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("prompt must be a non-empty string (or pass prompt_token_ids)")
+        if len(prompt) > self.max_prompt_chars:
+            raise ValueError(f"prompt has {len(prompt):,} characters: more than max_model_len={self.max_model_len} tokens "
+                             f"of this tokenizer can hold (at most {self.max_prompt_chars:,} characters)")
+        return self.tokenizer.encode(prompt, add_special_tokens=False)
 
-        Safe to call from another thread while the engine steps: AsyncLLM does so on a worker
-        thread, so compiling a big schema (seconds) never stalls the streams being served.
-        Raises ValueError, like `add_request`, for a constraint that cannot be built.
-        """
-        self._build_constraint(params)
+    @functools.cached_property
+    def max_prompt_chars(self) -> int:
+        """No token spells more than its longest vocabulary entry's characters (byte-level entries
+        are one character per byte), so a longer text cannot fit; x2 leaves room for normalizers."""
+        return 2 * self.max_model_len * max(map(len, self.tokenizer.get_vocab()))
 
-    def _build_constraint(self, params: SamplingParams):
+    def _build_constraint(self, params: SamplingParams, index=None):
         if not params.constrained:
             return None
-        from .constrained import TokenVocabulary, build_constraint
+        from .constrained import ConstraintLimits, build_constraint
 
-        vocab = TokenVocabulary.from_tokenizer(self.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids)
-        return build_constraint(params, vocab, self.device)
+        return build_constraint(params, self.vocabulary, self.device, self.config.constraint_limits or ConstraintLimits(),
+                                index)
+
+    @property
+    def vocabulary(self):
+        """What every token id spells, for constraints (built on first use, then cached)."""
+        from .constrained import TokenVocabulary
+
+        return TokenVocabulary.from_tokenizer(self.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids)
 
     def _new_seq(self, request_id, prompt_token_ids, params, index, constraint, stream, parent: Sequence | None = None):
         seq = Sequence(request_id, list(prompt_token_ids), params, index=index,
@@ -361,9 +379,10 @@ class LLMEngine:
         if seq.constraint is not None:
             seq.constraint.advance(token)
         if seq.detokenizer is not None:
-            seq.detokenizer.add(token)
-            for stop in params.stop:
-                at = seq.detokenizer.text.find(stop)
+            delta = seq.detokenizer.add(token)
+            text = seq.detokenizer.text
+            for stop in params.stop:  # only where the new text could complete it: O(stop length) per token
+                at = text.find(stop, max(0, len(text) - len(delta) - len(stop) + 1)) if delta else -1
                 if at >= 0:
                     seq.detokenizer.text = seq.detokenizer.text[:at]
                     reason, stop_reason = "stop", stop
