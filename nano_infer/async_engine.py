@@ -268,7 +268,8 @@ class _Deltas:
             upto = len(o.text) if o.finished else max(chars, len(o.text) - self.holdback)
             if upto == chars and len(o.token_ids) == tokens and not o.finished:
                 continue
-            deltas.append(CompletionOutput(o.index, o.text[chars:upto], o.token_ids[tokens:], o.finish_reason, o.stop_reason))
+            deltas.append(CompletionOutput(o.index, o.text[chars:upto], o.token_ids[tokens:], o.finish_reason, o.stop_reason,
+                                           None if o.logprobs is None else o.logprobs[tokens:]))
             self.sent_chars[o.index], self.sent_tokens[o.index] = upto, len(o.token_ids)
             if o.finished:
                 self.finished.add(o.index)

@@ -25,7 +25,7 @@ from .kv.paged import kv_bytes_per_token, num_blocks_for_budget
 from .memory import StepRecorder
 from .model_runner import ModelRunner
 from .models.loader import default_model, load_config, load_model, pick_dtype, resolve_model_dir
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .prefix import make_prefix_cache
 from .sampling import sample, seeded_generator
 from .sampling_params import SamplingParams
@@ -251,6 +251,8 @@ class LLMEngine:
             seq.generator = seeded_generator(params.seed, index, self.device)
         if constraint is not None:
             seq.constraint = constraint if index == 0 and parent is None else constraint.fork()
+        if params.logprobs is not None:
+            seq.logprobs = list(parent.logprobs) if parent is not None and parent.logprobs is not None else []
         if stream or params.stop:  # text is needed while running; otherwise decode once at the end
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
         return seq
@@ -296,15 +298,18 @@ class LLMEngine:
         if len(rows) != logits.shape[0]:
             logits = logits[rows]
         tokens = self._sample(logits, samplers)
+        logprobs = self._logprobs(logits, samplers, tokens)
         now = time.perf_counter()
         touched = {}
-        for seq, token in zip(samplers, tokens):
+        for i, (seq, token) in enumerate(zip(samplers, tokens)):
             req = touched[seq.request_id] = self.requests[seq.request_id]
             if seq.is_finished:  # a sibling sample failed the request earlier in this loop
                 continue
             try:
                 if isinstance(token, Exception):
                     raise token
+                if seq.logprobs is not None:
+                    seq.logprobs.append(logprobs[i])
                 self._append_token(seq, token, now)
             except Exception as e:  # noqa: BLE001 - this request fails; the step goes on for the others
                 self._fail(req, e)
@@ -340,6 +345,25 @@ class LLMEngine:
                 except Exception as e:  # noqa: BLE001
                     tokens.append(e)
             return tokens
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, samplers: list[Sequence], tokens: list) -> dict[int, dict[int, Logprob]]:
+        """For the rows whose request asked for logprobs: {token: Logprob} of the sampled token and the
+        k most likely, from the raw logits (computed only for those rows)."""
+        rows = [i for i, seq in enumerate(samplers) if seq.params.logprobs is not None and isinstance(tokens[i], int)]
+        if not rows:
+            return {}
+        lp = logits[rows].float().log_softmax(dim=-1)
+        out = {}
+        for lp_row, i in zip(lp, rows):
+            token = tokens[i]
+            entry = {token: Logprob(lp_row[token].item(), int((lp_row > lp_row[token]).sum()) + 1)}
+            top = lp_row.topk(samplers[i].params.logprobs) if samplers[i].params.logprobs else None
+            if top is not None:
+                for rank, (value, tid) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
+                    entry.setdefault(tid, Logprob(value, rank))
+            out[i] = entry
+        return out
 
     def _fail(self, req: Request, error: Exception) -> None:
         """Finish `req` with `error`: its blocks go back to the pool, the step's other requests go on."""
@@ -412,7 +436,8 @@ class LLMEngine:
         return ""
 
     def _output(self, req: Request) -> RequestOutput:
-        outs = [CompletionOutput(s.index, self._text(s), list(s.output_token_ids), s.finish_reason, s.stop_reason)
+        outs = [CompletionOutput(s.index, self._text(s), list(s.output_token_ids), s.finish_reason, s.stop_reason,
+                                 None if s.logprobs is None else list(s.logprobs))
                 for s in sorted(req.seqs, key=lambda s: s.index)]
         finished = all(s.is_finished for s in req.seqs) and not req.pending_forks
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, req.metrics, req.error)

@@ -5,12 +5,20 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    logprob: float  # natural log of the token's probability in the model's raw distribution
+    rank: int  # 1 for the most likely token
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None
+    # with SamplingParams(logprobs=k): per token, the sampled token and the k most likely ones
+    logprobs: list[dict[int, Logprob]] | None = None
 
     @property
     def finished(self) -> bool:

@@ -30,10 +30,9 @@ class SamplingParams:
     output reproducible per request, independent of what else is in the batch. `n` asks for several samples of one
     prompt; they share the prompt's KV blocks (fork) when the cache is paged.
     `regex`, `json_schema` and `choice` constrain the output (stage 07). `logprobs=k`
-    returns the sampled token's log-probability and the k most likely alternatives at each
-    step; `prompt_logprobs=k` does the same for every prompt token (the prompt is then
-    recomputed, never served from the prefix cache). Log-probabilities are those of the
-    model's raw distribution, before temperature, top-k/top-p and constraints.
+    returns, at each step, the sampled token's log-probability and those of the k most
+    likely tokens, in the model's raw distribution (before temperature, top-k/top-p and
+    constraints).
     """
 
     n: int = 1
@@ -50,7 +49,6 @@ class SamplingParams:
     json_schema: dict | str | Any | None = None
     choice: list[str] | None = None
     logprobs: int | None = None
-    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -61,7 +59,8 @@ class SamplingParams:
 
     def validate(self) -> None:
         def bad(name, value, allowed):
-            raise ValueError(f"SamplingParams.{name}={value!r} is invalid: must be {allowed}")
+            shown = repr(value) if len(repr(value)) <= 200 else repr(value)[:200] + "..."
+            raise ValueError(f"SamplingParams.{name}={shown} is invalid: must be {allowed}")
 
         if not _is_int(self.n) or self.n < 1:
             bad("n", self.n, "an integer >= 1")
@@ -81,10 +80,8 @@ class SamplingParams:
             bad("stop", self.stop, f"a list of non-empty strings of at most {MAX_STOP_LENGTH} characters")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             bad("stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
-                bad(name, value, f"None or an integer in [0, {MAX_LOGPROBS}]")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            bad("logprobs", self.logprobs, f"None or an integer in [0, {MAX_LOGPROBS}]")
         kinds = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None]
         if len(kinds) > 1:
             raise ValueError(f"SamplingParams: give at most one of regex, json_schema, choice (got {kinds})")
