@@ -112,6 +112,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.recorder = StepRecorder() if cfg.record_steps else None
         self.num_steps = 0
+        self.num_generated_tokens = 0
 
     # -- construction ------------------------------------------------------------------------
     def _load_tokenizer(self):
@@ -311,6 +312,7 @@ class LLMEngine:
                 if seq.logprobs is not None:
                     seq.logprobs.append(logprobs[i])
                 self._append_token(seq, token, now)
+                self.num_generated_tokens += 1
             except Exception as e:  # noqa: BLE001 - this request fails; the step goes on for the others
                 self._fail(req, e)
         if self.prefix_cache is not None:

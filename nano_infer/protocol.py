@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from .sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
 
-Number = Annotated[StrictInt | StrictFloat, Field(allow_inf_nan=False)]
+Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]  # strict floats take ints, never bools or strings
 Seed = Annotated[StrictInt, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
 MAX_N = 128  # samples per request
 
