@@ -44,7 +44,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .engine import LLMEngine
+from .engine import LLMEngine, check_utf8
 from .llm import LLM
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
@@ -129,7 +129,10 @@ class AsyncLLM:
             raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
         if not isinstance(prompt[0], dict):
             return prompt
-        chars = sum(len(m["content"]) for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str))
+        contents = [m["content"] for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str)]
+        for content in contents:
+            check_utf8(content, "a message")
+        chars = sum(map(len, contents))
         if chars > self.engine.max_prompt_chars:
             raise ValueError(f"messages have {chars:,} characters: more than max_model_len={self.engine.max_model_len} "
                              f"tokens can hold (at most {self.engine.max_prompt_chars:,} characters)")
