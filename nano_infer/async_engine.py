@@ -138,7 +138,13 @@ class AsyncLLM:
                              f"tokens can hold (at most {self.engine.max_prompt_chars:,} characters)")
         return self.apply_chat_template(prompt)
 
-    async def _constraint_index(self, params: SamplingParams):
+    async def precompile(self, params: SamplingParams) -> None:
+        """Compile a constraint ahead of the requests that will use it, with no time limit (the
+        operator's own): `nano-infer serve` does so for `response_format: json_object`, whose
+        regex takes several seconds. A request for it meanwhile waits for this compile."""
+        await self._constraint_index(params, trusted=True)
+
+    async def _constraint_index(self, params: SamplingParams, trusted: bool = False):
         if self._compile_pool is None:
             from .constrained import ConstraintLimits
             from .constrained.compile_pool import CompilePool
@@ -148,7 +154,7 @@ class AsyncLLM:
                 if self._compile_pool is None:
                     limits = self.engine.config.constraint_limits or ConstraintLimits()
                     self._compile_pool = CompilePool(vocab, limits, workers=self._compile_workers)
-        return await self._compile_pool.index(params)
+        return await self._compile_pool.index(params, trusted)
 
     def _send(self, message) -> None:
         with self._lock:
