@@ -32,16 +32,6 @@ def served(qwen2_dir):
         yield llm, server
 
 
-@pytest.fixture(scope="module")
-def allm(served):
-    return served[0]
-
-
-@pytest.fixture(scope="module")
-def server(served):
-    return served[1]
-
-
 class Victims:
     """Streams chat completions back to back on a thread, recording when each chunk arrives."""
 

@@ -20,16 +20,6 @@ def served(qwen2_dir):
 
 
 @pytest.fixture(scope="module")
-def allm(served):
-    return served[0]
-
-
-@pytest.fixture(scope="module")
-def server(served):
-    return served[1]
-
-
-@pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
