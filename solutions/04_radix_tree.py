@@ -1,17 +1,17 @@
-"""Chapter 04, reference solutions: `check.match_prefix`, `check.insert`."""
-from nano_infer.exercises.ch04_radix_tree import Node
+"""Chapter 04, reference solutions: `check.match_prefix`, `check.radix_insert`."""
+from nano_infer.exercises.ch04_radix_tree import TreeNode
 
 
-def _split(child: Node, n: int) -> Node:
+def _split(child: TreeNode, n: int) -> TreeNode:
     """Cut child's edge after n tokens; the upper part becomes a new node between it and its parent."""
-    upper = Node(child.tokens[:n], {}, child.parent)
+    upper = TreeNode(child.tokens[:n], {}, child.parent)
     child.parent.children[upper.tokens[0]] = upper
     child.tokens, child.parent = child.tokens[n:], upper
     upper.children[child.tokens[0]] = child
     return upper
 
 
-def match_prefix(root: Node, tokens: list[int]) -> tuple[Node, int]:
+def match_prefix(root: TreeNode, tokens: list[int]) -> tuple[TreeNode, int]:
     """(node, n): n tokens of `tokens` are in the tree, and node's path from the root is exactly tokens[:n].
 
     A match that ends inside an edge splits that node there.
@@ -30,11 +30,11 @@ def match_prefix(root: Node, tokens: list[int]) -> tuple[Node, int]:
     return node, pos
 
 
-def insert(root: Node, tokens: list[int]) -> Node:
+def radix_insert(root: TreeNode, tokens: list[int]) -> TreeNode:
     """Add `tokens` to the tree; returns the node whose path is exactly `tokens`."""
     node, n = match_prefix(root, tokens)
     if n == len(tokens):
         return node
-    leaf = Node(tuple(tokens[n:]), {}, node)
+    leaf = TreeNode(tuple(tokens[n:]), {}, node)
     node.children[tokens[n]] = leaf
     return leaf

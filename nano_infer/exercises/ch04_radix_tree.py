@@ -13,16 +13,16 @@ from .core import Mismatch, call, exercise, expect, forall
 
 
 @dataclass(eq=False)
-class Node:
+class TreeNode:
     tokens: tuple[int, ...] = ()
-    children: dict[int, "Node"] = field(default_factory=dict)  # keyed by the child's first token
-    parent: "Node | None" = None
+    children: dict[int, "TreeNode"] = field(default_factory=dict)  # keyed by the child's first token
+    parent: "TreeNode | None" = None
 
     def __repr__(self) -> str:  # a node prints as its path from the root, never as the whole subtree
-        return f"Node(path={list(path_of(self))})"
+        return f"TreeNode(path={list(path_of(self))})"
 
 
-def path_of(node: Node) -> tuple[int, ...]:
+def path_of(node: TreeNode) -> tuple[int, ...]:
     parts = []
     while node is not None:
         parts.append(node.tokens)
@@ -30,19 +30,19 @@ def path_of(node: Node) -> tuple[int, ...]:
     return tuple(t for part in reversed(parts) for t in part)
 
 
-def _reference_insert(root: Node, tokens: list[int]) -> Node:
+def _reference_insert(root: TreeNode, tokens: list[int]) -> TreeNode:
     node, pos = root, 0
     while pos < len(tokens):
         child = node.children.get(tokens[pos])
         if child is None:
-            leaf = Node(tuple(tokens[pos:]), {}, node)
+            leaf = TreeNode(tuple(tokens[pos:]), {}, node)
             node.children[tokens[pos]] = leaf
             return leaf
         n = 0
         while n < len(child.tokens) and pos + n < len(tokens) and child.tokens[n] == tokens[pos + n]:
             n += 1
         if n < len(child.tokens):
-            upper = Node(child.tokens[:n], {}, node)
+            upper = TreeNode(child.tokens[:n], {}, node)
             node.children[tokens[pos]] = upper
             child.tokens, child.parent = child.tokens[n:], upper
             upper.children[child.tokens[0]] = child
@@ -51,7 +51,7 @@ def _reference_insert(root: Node, tokens: list[int]) -> Node:
     return node
 
 
-def _nodes(root: Node) -> list[Node]:
+def _nodes(root: TreeNode) -> list[TreeNode]:
     out, stack = [], [root]
     while stack:
         node = stack.pop()
@@ -60,14 +60,14 @@ def _nodes(root: Node) -> list[Node]:
     return out
 
 
-def _describe(root: Node) -> str:
+def _describe(root: TreeNode) -> str:
     """The tree as its edges, e.g. {[1, 2]: {[3]: {}, [4]: {}}}."""
     def walk(node):
         return "{" + ", ".join(f"{list(c.tokens)}: {walk(c)}" for _, c in sorted(node.children.items())) + "}"
     return walk(root)
 
 
-def _prefixes(root: Node) -> set[tuple[int, ...]]:
+def _prefixes(root: TreeNode) -> set[tuple[int, ...]]:
     """Every token sequence the tree holds: each node's path and every point inside its edge."""
     out = set()
     for node in _nodes(root):
@@ -77,7 +77,7 @@ def _prefixes(root: Node) -> set[tuple[int, ...]]:
     return out
 
 
-def _check_shape(root: Node, case: str) -> None:
+def _check_shape(root: TreeNode, case: str) -> None:
     for node in _nodes(root):
         for first, child in node.children.items():
             expect(child.parent is node, case, why=f"the child {list(child.tokens)} of {node} has the wrong parent "
@@ -96,7 +96,7 @@ def match_prefix(candidate):
 
     def prop(case):
         cached, query = case
-        root = Node()
+        root = TreeNode()
         for tokens in cached:
             _reference_insert(root, tokens)
         before, shape, count = _prefixes(root), _describe(root), len(_nodes(root))
@@ -107,8 +107,8 @@ def match_prefix(candidate):
         expect(isinstance(got, tuple) and len(got) == 2, desc, why=f"return (node, matched_length), got {got!r}")
         node, matched = got
         expect(matched == want, desc, want, matched, why="matched length:")
-        expect(isinstance(node, Node) and path_of(node) == tuple(query[:want]), desc, list(query[:want]),
-               list(path_of(node)) if isinstance(node, Node) else node,
+        expect(isinstance(node, TreeNode) and path_of(node) == tuple(query[:want]), desc, list(query[:want]),
+               list(path_of(node)) if isinstance(node, TreeNode) else node,
                why="the returned node's path from the root should be exactly the matched tokens:")
         expect(node in _nodes(root), desc, why="the returned node is not in the tree")
         _check_shape(root, desc)
@@ -123,18 +123,18 @@ def match_prefix(candidate):
 
 
 @exercise
-def insert(candidate):
+def radix_insert(candidate):
     """Your insert makes the tree hold exactly the prefixes of everything inserted, returning the node of the whole sequence."""
 
     def prop(seqs):
-        root, held, done = Node(), set(), []
+        root, held, done = TreeNode(), set(), []
         for tokens in seqs:
             done.append(tokens)
-            desc = f"insert(root, ...) of {done} in that order"
+            desc = f"radix_insert(root, ...) of {done} in that order"
             node = call(candidate, root, list(tokens), case=desc)
             held |= {tuple(tokens[:k]) for k in range(1, len(tokens) + 1)}
-            expect(isinstance(node, Node) and path_of(node) == tuple(tokens), desc, list(tokens),
-                   list(path_of(node)) if isinstance(node, Node) else node,
+            expect(isinstance(node, TreeNode) and path_of(node) == tuple(tokens), desc, list(tokens),
+                   list(path_of(node)) if isinstance(node, TreeNode) else node,
                    why="the returned node's path from the root should be the inserted tokens:")
             _check_shape(root, desc)
             got = _prefixes(root)

@@ -1,5 +1,5 @@
 """Planted wrong answers for chapter 04."""
-from nano_infer.exercises.ch04_radix_tree import Node
+from nano_infer.exercises.ch04_radix_tree import TreeNode
 
 
 def _walk(root, tokens):
@@ -33,32 +33,32 @@ def match_prefix__split_drops_the_children(root, tokens):
     node, pos, child, n = _walk(root, tokens)
     if child is None:
         return node, pos
-    upper = Node(child.tokens[:n], {}, node)
+    upper = TreeNode(child.tokens[:n], {}, node)
     node.children[upper.tokens[0]] = upper
-    lower = Node(child.tokens[n:], {}, upper)  # a fresh node: the old one's children are lost
+    lower = TreeNode(child.tokens[n:], {}, upper)  # a fresh node: the old one's children are lost
     upper.children[lower.tokens[0]] = lower
     return upper, pos + n
 
 
-def insert__no_split(root, tokens):
+def radix_insert__no_split(root, tokens):
     node, pos, child, n = _walk(root, tokens)
     if child is None and pos == len(tokens):
         return node
-    leaf = Node(tuple(tokens[pos:]), {}, node)
+    leaf = TreeNode(tuple(tokens[pos:]), {}, node)
     node.children[tokens[pos]] = leaf  # replaces a child that shared only its first tokens
     return leaf
 
 
-def insert__new_leaf_without_parent(root, tokens):
+def radix_insert__new_leaf_without_parent(root, tokens):
     node, pos, child, n = _walk(root, tokens)
     if child is not None:
-        upper = Node(child.tokens[:n], {}, node)
+        upper = TreeNode(child.tokens[:n], {}, node)
         node.children[upper.tokens[0]] = upper
         child.tokens, child.parent = child.tokens[n:], upper
         upper.children[child.tokens[0]] = child
         node, pos = upper, pos + n
     if pos == len(tokens):
         return node
-    leaf = Node(tuple(tokens[pos:]), {}, None)
+    leaf = TreeNode(tuple(tokens[pos:]), {}, None)
     node.children[tokens[pos]] = leaf
     return leaf
