@@ -141,7 +141,7 @@ class Exercise:
             self.checker(candidate)
         except NotAttempted:
             return CheckResult(self.name, "not attempted",
-                               f"{self.name}: not attempted yet (the function still raises NotImplementedError).")
+                               f"{self.name}: not attempted yet (your code still raises NotImplementedError).")
         except Mismatch as m:
             return CheckResult(self.name, "failed", f"{self.name}: not yet right.\n{m.describe()}")
         except Exception as e:  # the answer had a shape the checker could not read (None, wrong type, ...)
