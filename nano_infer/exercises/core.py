@@ -90,9 +90,10 @@ def call(fn: Callable, *args, case: str, **kwargs):
 
 
 def forall(strategy, prop: Callable[[Any], None], max_examples: int = MAX_EXAMPLES, examples=()) -> None:
-    """Run `prop(case)` on `examples`, then on cases drawn from `strategy`; re-raise the smallest failing case.
+    """Run `prop(case)` on cases drawn from `strategy`, then on `examples`; raise the first failure found.
 
-    Deterministic (the same cases every run, nothing written to disk), so a notebook and
+    A failure among the drawn cases is first shrunk by hypothesis to the smallest case that
+    still fails. Deterministic (the same cases every run, nothing written to disk), so a notebook and
     `make test` see the same verdict.
     """
     stub = []
@@ -104,17 +105,24 @@ def forall(strategy, prop: Callable[[Any], None], max_examples: int = MAX_EXAMPL
             prop(case)
         except NotAttempted:
             stub.append(True)
+        except (Mismatch, hypothesis.errors.HypothesisException):
+            raise
+        except Exception as e:  # the answer had a shape the checker could not read: say on which case
+            raise Mismatch(f"the case {_short(case)}", why=f"checking your answer raised {type(e).__name__}: {e} "
+                           "(does it return what the docstring asks for?)") from None
 
-    settings = hypothesis.settings(
-        max_examples=max_examples, deadline=None, database=None, derandomize=True,
-        report_multiple_bugs=False, print_blob=False, suppress_health_check=list(HealthCheck),
-        phases=(Phase.explicit, Phase.generate, Phase.shrink))
-    run = hypothesis.given(strategy)(test)
-    for case in examples:  # hand-picked cases a mistake is known to show on, tried first
-        run = hypothesis.example(case)(run)
-    run = settings(run)
+    def run(phases, cases=()):
+        check = hypothesis.given(strategy)(test)
+        for case in cases:
+            check = hypothesis.example(case)(check)
+        hypothesis.settings(
+            max_examples=max_examples, deadline=None, database=None, derandomize=True, phases=phases,
+            report_multiple_bugs=False, print_blob=False, suppress_health_check=list(HealthCheck))(check)()
+
     try:
-        run()
+        run((Phase.generate, Phase.shrink))
+        if examples and not stub:  # hand-picked cases a known mistake shows on, after the shrunk search
+            run((Phase.explicit,), examples)
     except (Mismatch, NotAttempted):
         raise
     except hypothesis.errors.HypothesisException as e:  # e.g. the learner's code is not deterministic
