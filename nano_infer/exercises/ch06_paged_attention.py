@@ -17,7 +17,7 @@ def _close(got, want, desc: str, what: str, atol: float = 1e-4) -> None:
     if bool(bad.any()):
         row = int(bad.reshape(bad.shape[0], -1).any(-1).nonzero()[0])
         expect(False, desc, want[row].tolist(), got[row].tolist(),
-               why=f"{what} differs (row {row}, largest error {diff.nan_to_num(math.inf).max().item():.3g}):")
+               why=f"wrong values in {what} (row {row}, largest error {diff.nan_to_num(math.inf).max().item():.3g}):")
 
 
 @st.composite
@@ -100,7 +100,7 @@ def merge_attention(candidate):
             parts.append((torch.softmax(s, -1) @ vs, torch.logsumexp(s, -1)))
         (o1, lse1), (o2, lse2) = parts
         desc = (f"{rows} quer{'y' if rows == 1 else 'ies'}; keys 0..{split - 1} in part 1, {split}..{num_keys - 1} in part 2; q scaled by "
-                f"{spread:g} (log-sum-exp up to {max(lse1.max().item(), lse2.max().item()):.0f}; torch seed {seed})")
+                f"{spread:g} (log-sum-exp up to {max(lse1.max().item(), lse2.max().item()):.1f}; torch seed {seed})")
         got = call(candidate, o1.clone(), lse1.clone(), o2.clone(), lse2.clone(), case=desc)
         expect(isinstance(got, tuple) and len(got) == 2, desc, why=f"return (output, lse); got {type(got).__name__}")
         _close(got[0], want, desc, "the merged output", atol=1e-6)
