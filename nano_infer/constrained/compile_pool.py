@@ -62,12 +62,13 @@ class CompilePool:
         self._jobs: dict[tuple, _Job] = {}
         self._failures: OrderedDict[tuple, tuple[ValueError, float]] = OrderedDict()  # key -> (error, until)
 
-    async def index(self, params) -> TokenIndex | None:
+    async def index(self, params, trusted: bool = False) -> TokenIndex | None:
         """The token index `params` asks for, or None for an unconstrained request.
 
         Raises ValueError for a constraint that is invalid or over the limits (including the
         time limit), CompilePoolBusy when too many compile at once. Cancelling the awaiting
         task cancels the compile unless another request waits for the same constraint.
+        `trusted` (the operator's own constraints, compiled ahead) lifts the time limit.
         """
         key = constraint_key(params)
         if key is None:
@@ -76,14 +77,14 @@ class CompilePool:
         index = cached_index(key, self.vocab)
         if index is not None:
             return index
-        job = self._join(key)
+        job = self._join(key, None if trusted else self.limits.timeout)
         try:
             return await asyncio.shield(asyncio.wrap_future(job.done))
         except asyncio.CancelledError:
             self._leave(key, job)
             raise
 
-    def _join(self, key) -> _Job:
+    def _join(self, key, timeout: float | None) -> _Job:
         with self._lock:
             failure = self._failures.get(key)
             if failure is not None:
@@ -95,7 +96,7 @@ class CompilePool:
             if job is None:
                 if len(self._jobs) >= self.max_pending:
                     raise CompilePoolBusy(f"{len(self._jobs)} constraints are compiling already; try again shortly")
-                work = self._pool.schedule(_compile, args=(key, self.limits), timeout=self.limits.timeout)
+                work = self._pool.schedule(_compile, args=(key, self.limits), timeout=timeout)
                 job = self._jobs[key] = _Job(work, concurrent.futures.Future())
                 work.add_done_callback(lambda w: self._finished(key, job))
             job.waiters += 1
