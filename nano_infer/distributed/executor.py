@@ -68,8 +68,7 @@ class TPExecutor:
         """Send `step` to the workers, run `execute(step)` here; the logits come back on the driver."""
         if self.error or self.closed:
             raise RuntimeError(self.error or "tensor-parallel workers are shut down (LLM closed)")
-        dead = self._dead_workers()
-        if dead:
+        if any(p.exitcode is not None for p in self.procs):
             raise self._fail(None, "step")
         try:
             broadcast_message(step, self.messages)
@@ -86,22 +85,22 @@ class TPExecutor:
         self._finalizer()
 
     # -- faults ----------------------------------------------------------------------------------
-    def _dead_workers(self) -> list[str]:
-        return [f"worker rank {r} (pid {p.pid}) exited with code {p.exitcode}"
-                for r, p in enumerate(self.procs, start=1) if p.exitcode is not None]
-
     def _fail(self, error: BaseException | None, when: str) -> RuntimeError:
         for p in self.procs:  # a worker that died is reaped here; one that hangs stays alive
             p.join(timeout=1)
-        dead = self._dead_workers()
-        if dead:
-            why = "; ".join(dead)
-        elif isinstance(error, KeyboardInterrupt):
-            why = "interrupted mid-step (the ranks are out of step)"
+        if isinstance(error, KeyboardInterrupt):
+            cause = "interrupted mid-step (the ranks are out of step)"
+        elif error is None:
+            cause = "a worker process is gone"
+        elif "timed out" in str(error).lower():
+            cause = f"a collective timed out after {self.timeout_s:g} s"
         else:
-            why = (f"a collective failed or timed out (timeout {self.timeout_s:g} s): a worker is hung or "
-                   f"unreachable ({type(error).__name__}: {error})")
-        self.error = f"tensor-parallel {when} failed: {why}. The workers are stopped; create a new LLM."
+            cause = f"a collective failed ({type(error).__name__}: {error})"
+        states = [f"worker rank {r} (pid {p.pid}) " + (f"exited with code {p.exitcode}" if p.exitcode is not None
+                                                         else "is still running (hung, or waiting on another rank)")
+                  for r, p in enumerate(self.procs, start=1)]
+        self.error = f"tensor-parallel {when} failed: {cause}; {'; '.join(states) or 'no local workers'}. " \
+                     f"The workers are stopped; create a new LLM."
         self._finalizer.detach()  # no goodbye message: the group is broken
         _stop(self.procs, self.messages, self._threads_before, graceful=False)
         self.closed = True

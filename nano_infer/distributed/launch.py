@@ -7,7 +7,10 @@ Three groups over the same ranks, each with the timeout its job needs:
   forward's all-reduces and the logits gather. Its timeout (`distributed_timeout`) bounds how long
   a step waits for a rank that died or hung: the step fails instead of hanging.
 - the message group (gloo) carries the driver's messages: each step's inputs, then stop. A worker
-  waits on it between steps for as long as the server sits idle, so its timeout is long.
+  waits on it between steps for as long as the server sits idle, so its timeout there is long.
+  The driver's is `distributed_timeout`: gloo sends a message only once the receiver is ready to
+  take it, so a hung worker would otherwise stall the driver in the send. (A timeout belongs to
+  each process's handle on a group, so the two ends may differ.)
 """
 from __future__ import annotations
 
@@ -56,7 +59,8 @@ def default_backend(device_type: str) -> str:
 
 
 def init_groups(launch: Launch, backend: str, timeout_s: float):
-    """Join the job; return (message group, step group)."""
+    """Join the job; return (message group, step group). `timeout_s` bounds every wait of the driver
+    (rank 0) and a worker's waits inside a step."""
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"distributed_backend={backend!r} is invalid: use 'gloo' (CPU) or 'nccl' (CUDA)")
     if dist.is_initialized():
@@ -64,7 +68,7 @@ def init_groups(launch: Launch, backend: str, timeout_s: float):
                            "(another tensor-parallel LLM?): close it first")
     dist.init_process_group("gloo", init_method=launch.init_method, rank=launch.rank,
                             world_size=launch.world_size, timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
-    messages = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    messages = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s) if launch.rank == 0 else IDLE_TIMEOUT)
     steps = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     return messages, steps
 

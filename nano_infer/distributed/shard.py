@@ -7,10 +7,11 @@ A decoder layer is cut so that each rank talks to the others only twice:
   communication: attention and the SiLU gate work head by head and feature by feature.
 - row-parallel: o_proj and down_proj. Each rank holds the input columns that match its heads
   or features, so its matmul gives a partial sum of the full output; one all-reduce adds them.
-- vocabulary-parallel: embedding and LM head. Each rank holds a slice of the vocabulary rows.
-  A token's embedding comes from the one rank that holds its row (the others give zeros, an
-  all-reduce adds them); each rank scores its own slice of the vocabulary and the driver
-  gathers the slices into full logits.
+- vocabulary-parallel: embedding and LM head. Each rank holds a slice of the vocabulary rows
+  (ceil(vocab / ranks) of them, the last slice padded with zero rows when the vocabulary does
+  not divide). A token's embedding comes from the one rank that holds its row (the others give
+  zeros, an all-reduce adds them); each rank scores its own slice of the vocabulary and the
+  driver gathers the slices into full logits, dropping the padding.
 
 KV heads are split when `num_key_value_heads` divides by the number of ranks. Otherwise (more
 ranks than KV heads, e.g. 4 ranks and 2 KV heads) each rank keeps the one KV head its query
@@ -38,9 +39,6 @@ def check_tp_sizes(config, world_size: int) -> None:
                          f"the other (KV heads are split when tp divides them, replicated when they divide tp)")
     if config.intermediate_size % world_size:
         raise ValueError(f"tensor_parallel_size={world_size} must divide intermediate_size={config.intermediate_size}")
-    if config.vocab_size % world_size:
-        raise ValueError(f"tensor_parallel_size={world_size} must divide vocab_size={config.vocab_size} "
-                         f"(embedding and LM head are split by vocabulary rows)")
 
 
 @dataclass
@@ -71,10 +69,15 @@ class TPShard:
         n = config.intermediate_size // self.world_size
         return self.rank * n, n
 
+    def vocab_rows(self, config) -> int:
+        """Rows of the embedding and LM head on every rank: ceil(vocab / world_size), padding included."""
+        return -(-config.vocab_size // self.world_size)
+
     def vocab(self, config) -> tuple[int, int]:
-        """(first, count) of the vocabulary rows (embedding and LM head) on this rank."""
-        n = config.vocab_size // self.world_size
-        return self.rank * n, n
+        """(first, stop) of the real vocabulary rows this rank holds (fewer than vocab_rows on the last rank
+        when the vocabulary does not divide)."""
+        n = self.vocab_rows(config)
+        return min(self.rank * n, config.vocab_size), min((self.rank + 1) * n, config.vocab_size)
 
     def partition(self, name: str, config, head_dim: int) -> tuple[int, int, int] | None:
         """(dim, start, stop) of the checkpoint tensor `name` (HF name without "model.") on this rank;
@@ -95,8 +98,7 @@ class TPShard:
             first, n = self.features(config)
             return 1, first, first + n
         if name in ("embed_tokens.weight", "lm_head.weight"):
-            first, n = self.vocab(config)
-            return 0, first, first + n
+            return 0, *self.vocab(config)  # the loader pads to vocab_rows
         return None  # norms, and down_proj's bias (added once, by rank 0: see the loader)
 
     # -- the collectives ---------------------------------------------------------------------------
@@ -112,9 +114,9 @@ class TPShard:
         x = F.embedding(local.masked_fill(outside, 0), weight)
         return self.all_reduce(x.masked_fill_(outside.unsqueeze(-1), 0))
 
-    def gather_logits(self, logits: torch.Tensor) -> torch.Tensor | None:
-        """[N, vocab / world_size] on every rank -> [N, vocab] on rank 0 (the driver samples); None elsewhere."""
+    def gather_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
+        """[N, vocab_rows] on every rank -> [N, vocab_size] on rank 0 (the driver samples); None elsewhere."""
         logits = logits.contiguous()
         parts = [torch.empty_like(logits) for _ in range(self.world_size)] if self.rank == 0 else None
         dist.gather(logits, parts, dst=0, group=self.group)
-        return torch.cat(parts, dim=-1) if self.rank == 0 else None
+        return torch.cat(parts, dim=-1)[:, :vocab_size] if self.rank == 0 else None

@@ -39,19 +39,20 @@ class WorkerConfig:
     num_threads: int | None  # torch threads per rank on a CPU
 
 
-def run_worker(backend: str | None = None, timeout_s: float = 300.0) -> None:
+def run_worker(device: str | None = None, backend: str | None = None, timeout_s: float = 300.0) -> None:
     """Serve as a worker in a torchrun job until the driver (rank 0) stops; for ranks other than 0.
 
         torchrun --nnodes 2 --nproc-per-node 1 ... -m nano_infer serve --tensor-parallel-size 2
-    calls this on rank 1 for you. The backend defaults to NCCL when CUDA is present, else gloo:
-    the driver must use the same one, and `timeout_s` is its `distributed_timeout`.
+    calls this on rank 1 for you. `device`, `backend` and `timeout_s` must match the driver's
+    `device`, `distributed_backend` and `distributed_timeout` (defaults: CUDA when present, NCCL
+    on CUDA and gloo on CPU, 300 s).
     """
     launch = torchrun_launch()
     if launch is None or launch.rank == 0:
         raise RuntimeError("run_worker() is for ranks 1.. of a torchrun job (RANK, WORLD_SIZE, MASTER_ADDR, "
                            "MASTER_PORT set); rank 0 runs the LLM")
-    backend = backend or default_backend("cuda" if torch.cuda.is_available() else "cpu")
-    serve(launch, backend, timeout_s)
+    device_type = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type
+    serve(launch, backend or default_backend(device_type), timeout_s)
 
 
 def spawned_worker(rank: int, world_size: int, init_method: str, backend: str, timeout_s: float, parent_pid: int):

@@ -135,7 +135,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.tp = tp
-        vocab = tp.vocab(config)[1] if tp else config.vocab_size  # this rank's rows of the vocabulary
+        vocab = tp.vocab_rows(config) if tp else config.vocab_size  # this rank's rows of the vocabulary
         self.embed_tokens = nn.Embedding(vocab, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i, tp) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -157,4 +157,4 @@ class CausalLM(nn.Module):
         """Logits [N, vocab]; with tensor parallelism on rank 0 only (None on the other ranks)."""
         weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         logits = F.linear(hidden, weight)
-        return logits if self.tp is None else self.tp.gather_logits(logits)
+        return logits if self.tp is None else self.tp.gather_logits(logits, self.config.vocab_size)

@@ -99,7 +99,13 @@ def _read(f, hf_name: str, name: str, config, model, tp) -> torch.Tensor:
         return tensor
     dim, start, stop = part
     view = f.get_slice(hf_name)
-    return view[start:stop] if dim == 0 else view[:, start:stop]
+    if dim == 1:
+        return view[:, start:stop]
+    tensor = view[start:stop]
+    if name in ("embed_tokens.weight", "lm_head.weight"):  # the last vocabulary slice: zero rows up to vocab_rows
+        pad = tp.vocab_rows(config) - tensor.shape[0]
+        tensor = torch.cat([tensor, tensor.new_zeros(pad, *tensor.shape[1:])]) if pad else tensor
+    return tensor
 
 
 def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype, max_positions: int, tp=None):
