@@ -47,12 +47,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="how attention reads the paged pool")
     p.add_argument("--max-model-len", type=int, default=None, help="longest sequence (default: the model's)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="ranks that each hold a shard of the model (worker processes here, or torchrun's ranks)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return dict(dtype=args.dtype, device=args.device, kv_cache=args.kv_cache, block_size=args.block_size,
                 prefix_cache=None if args.prefix_cache == "none" else args.prefix_cache,
-                attention=args.attention, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
+                attention=args.attention, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                tensor_parallel_size=args.tensor_parallel_size)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -106,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     for p in (parser, *sub.choices.values()):
         p.formatter_class = _HelpWithDefaults
     args = parser.parse_args(argv)
+    from .distributed import run_worker, torchrun_launch
+
+    launch = torchrun_launch()
+    if launch is not None and launch.rank > 0:  # torchrun started every rank with this command: rank 0 drives
+        run_worker(args.device)
+        return 0
     if getattr(args, "model", "") is None:
         announce_default_model()
     return args.func(args)

@@ -8,7 +8,8 @@
 Each knob of the curriculum is a constructor argument, so every notebook turns one knob
 on the same engine: `kv_cache` ("none" | "contiguous" | "paged"), `block_size`,
 `prefix_cache` (None | "hash" | "radix"), `attention` ("gather" | "blockwise"),
-`scheduler` ("continuous" | "static"), `scheduler_policy` ("fcfs" | "lpm").
+`scheduler` ("continuous" | "static"), `scheduler_policy` ("fcfs" | "lpm"),
+`tensor_parallel_size` (worker processes, each with a shard of every layer).
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     log_blocks: bool = False
     record_steps: bool = False
+    tensor_parallel_size: int = 1  # ranks that each hold a shard of every layer (chapter 10)
+    distributed_backend: str | None = None  # default: "nccl" on CUDA, "gloo" on CPU
+    distributed_timeout: float = 300.0  # seconds a step (or start-up) waits for a rank before it fails
     constraint_limits: object = None  # constrained.ConstraintLimits; None: its defaults
 
 
@@ -97,7 +101,8 @@ class LLMEngine:
         self.max_model_len = cfg.max_model_len or min(self.hf_config.max_position_embeddings, 8192)
         if self.max_model_len > self.hf_config.max_position_embeddings:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={self.hf_config.max_position_embeddings}")
-        self.model = load_model(self.model_dir, self.hf_config, self.device, self.dtype, self.max_model_len)
+        self.tp, launch = self._tensor_parallel()
+        self.model = load_model(self.model_dir, self.hf_config, self.device, self.dtype, self.max_model_len, self.tp)
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_token_ids()
         self.vocab_size = self.hf_config.vocab_size
@@ -117,13 +122,55 @@ class LLMEngine:
             max_num_batched_tokens=cfg.max_num_batched_tokens, policy=cfg.scheduler_policy,
             mode=cfg.scheduler, chunked_prefill=cfg.enable_chunked_prefill)
         block_size = self.kv.block_size if self.kv else 1
-        self.runner = ModelRunner(self.model, self.kv_pool, cfg.attention, block_size, self.device)
+        self.executor = self._start_workers(launch, block_size) if self.tp else None
+        self.runner = ModelRunner(self.model, self.kv_pool, cfg.attention, block_size, self.device, self.executor)
         self.requests: dict[str, Request] = {}
         self.recorder = StepRecorder() if cfg.record_steps else None
         self.num_steps = 0
         self.num_generated_tokens = 0
 
     # -- construction ------------------------------------------------------------------------
+    def _tensor_parallel(self):
+        """(TPShard of rank 0, torchrun Launch or None); (None, None) for one process."""
+        from .distributed import TPShard, check_tp_sizes, torchrun_launch
+
+        size = self.config.tensor_parallel_size
+        check_tp_sizes(self.hf_config, size)
+        if size == 1:
+            return None, None
+        if not self.config.distributed_timeout > 0:
+            raise ValueError(f"distributed_timeout={self.config.distributed_timeout} must be > 0 seconds")
+        launch = torchrun_launch()
+        if launch is not None:
+            if launch.world_size != size:
+                raise ValueError(f"tensor_parallel_size={size} but torchrun started WORLD_SIZE={launch.world_size} ranks")
+            if launch.rank != 0:
+                raise ValueError(f"this is rank {launch.rank} of a torchrun job: rank 0 runs the LLM, the others "
+                                 f"call nano_infer.distributed.run_worker()")
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", launch.local_rank if launch else 0)
+            torch.cuda.set_device(self.device)
+        return TPShard(0, size), launch
+
+    def _start_workers(self, launch, block_size: int):
+        from .distributed import TPExecutor, WorkerConfig
+        from .distributed.launch import default_backend
+
+        cfg = self.config
+        local_ranks = launch.local_world_size if launch else cfg.tensor_parallel_size
+        threads = max(1, torch.get_num_threads() // local_ranks) if self.device.type == "cpu" else None
+        worker = WorkerConfig(
+            model=self.model_name if launch else str(self.model_dir), dtype=self.dtype, device_type=self.device.type,
+            max_model_len=self.max_model_len, num_blocks=self.kv.num_blocks if self.kv else None,
+            block_size=block_size, attention=cfg.attention, num_threads=threads)
+        return TPExecutor(self.tp, worker, cfg.distributed_backend or default_backend(self.device.type),
+                          cfg.distributed_timeout)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done at garbage collection and interpreter exit)."""
+        if self.executor is not None:
+            self.executor.shutdown()
+
     def _load_tokenizer(self):
         from transformers import AutoTokenizer
 

@@ -24,6 +24,16 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel workers (nothing to do with one process)."""
+        self.engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def generate(self, prompts: str | list[str] | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  prompt_token_ids: list[list[int]] | None = None, use_tqdm: bool | None = None) -> list[RequestOutput]:

@@ -161,5 +161,6 @@ def test_step_profile_accounts_for_the_step(qwen2_dir):
     assert 0 < layer_parts < pieces["model forward (all layers)"] < per_step
     assert pieces["attention (write KV + read through block table)"] < pieces["model forward (all layers)"]
     # hooks and wrappers are gone afterwards
-    assert engine.runner.prepare.__func__ is ModelRunner.prepare and not engine.model._forward_hooks
+    assert engine.runner.pack.__func__ is ModelRunner.pack and engine.runner.build.__func__ is ModelRunner.build
+    assert not engine.model._forward_hooks
     assert all(not layer.mlp.gate_up_proj._forward_pre_hooks for layer in engine.model.layers)

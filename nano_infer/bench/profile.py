@@ -66,7 +66,8 @@ def step_breakdown(engine, steps: int = 20) -> tuple[float, dict[str, float]]:
             handles += _hook(module, totals, label)
     patched = {
         (runner.backend, "attend"): "attention (write KV + read through block table)",
-        (runner, "prepare"): "runner.prepare (pack the step)",
+        (runner, "pack"): "runner.prepare (pack the step)",
+        (runner, "build"): "runner.prepare (pack the step)",
         (engine.scheduler, "schedule"): "scheduler.schedule",
         (model, "compute_logits"): "lm_head (compute_logits)",
         (model.rotary, "lookup"): "rotary cos/sin lookup",

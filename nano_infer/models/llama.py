@@ -4,6 +4,11 @@ The model sees one *packed* step: the tokens of every scheduled sequence laid en
 end in a 1-D tensor (no padding), with their positions. Everything that depends on how
 K/V is stored - no cache, a contiguous cache, a paged pool - lives behind one call,
 `attn_ctx.attend(layer_idx, q, k, v)`, which later stages swap out.
+
+With tensor parallelism (`tp`, a `nano_infer.distributed.TPShard`) each rank builds the same
+modules with its share of the heads, features and vocabulary rows, and three calls stitch the
+shards together: an all-reduce after o_proj and after down_proj, and the vocabulary-parallel
+embedding and logits. With `tp=None` (one process) none of them runs.
 """
 from __future__ import annotations
 
@@ -66,12 +71,13 @@ def apply_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) ->
 
 
 class Attention(nn.Module):
-    def __init__(self, config, layer_idx: int):
+    def __init__(self, config, layer_idx: int, tp=None):
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.tp = tp
+        self.num_heads = tp.q_heads(config)[1] if tp else config.num_attention_heads
+        self.num_kv_heads = tp.kv_heads(config)[1] if tp else config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # Qwen2 always has q/k/v bias; Llama and Qwen3 say so in `attention_bias`.
         bias = getattr(config, "attention_bias", config.model_type == "qwen2")
         # q, k and v in one matmul: one kernel launch instead of three.
@@ -90,29 +96,32 @@ class Attention(nn.Module):
             qk = torch.cat([self.q_norm(qk[:, :H]), self.k_norm(qk[:, H:])], dim=1)
         q, k = apply_rotary(qk, cos_sin).split([H, KVH], dim=1)
         o = attn_ctx.attend(self.layer_idx, q, k, v)  # [T, num_heads, head_dim]
-        return self.o_proj(o.reshape(T, H * self.head_dim))
+        out = self.o_proj(o.reshape(T, H * self.head_dim))
+        return out if self.tp is None else self.tp.all_reduce(out)  # row-parallel: sum the ranks' partials
 
 
 class MLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, tp=None):
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        self.inter = config.intermediate_size
+        self.tp = tp
+        self.inter = tp.features(config)[1] if tp else config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=bias)
         self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=bias)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        out = self.down_proj(F.silu(gate) * up)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, layer_idx: int):
+    def __init__(self, config, layer_idx: int, tp=None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer_idx)
+        self.self_attn = Attention(config, layer_idx, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, tp)
 
     def forward(self, x, cos_sin, attn_ctx):
         x = x + self.self_attn(self.input_layernorm(x), cos_sin, attn_ctx)
@@ -122,26 +131,30 @@ class DecoderLayer(nn.Module):
 class CausalLM(nn.Module):
     """Embedding -> decoder layers -> final norm; `compute_logits` only for rows we sample."""
 
-    def __init__(self, config, max_positions: int | None = None):
+    def __init__(self, config, max_positions: int | None = None, tp=None):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.tp = tp
+        vocab = tp.vocab_rows(config) if tp else config.vocab_size  # this rank's rows of the vocabulary
+        self.embed_tokens = nn.Embedding(vocab, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, tp) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.hidden_size, vocab, bias=False)
         attn = self.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.rotary = Rotary(config, self.head_dim, max_positions or config.max_position_embeddings)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_ctx) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids) if self.tp is None else self.tp.embed(self.embed_tokens.weight, input_ids)
         cos_sin = self.rotary.lookup(positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos_sin, attn_ctx)
         return self.norm(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits [N, vocab]; with tensor parallelism on rank 0 only (None on the other ranks)."""
         weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight)
+        logits = F.linear(hidden, weight)
+        return logits if self.tp is None else self.tp.gather_logits(logits, self.config.vocab_size)

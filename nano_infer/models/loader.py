@@ -3,6 +3,10 @@
 The module is built on the meta device (no memory), then each tensor is read from the
 safetensors files straight onto the target device and assigned. q/k/v and gate/up are
 concatenated on the way in to match the fused projections in `llama.py`.
+
+With tensor parallelism each rank reads only its slice of each tensor (`TPShard.partition`),
+before the fusing: q, k and v (gate and up) are cut separately, so a fused weight holds this
+rank's query heads, then its KV heads, then their values, just as the forward expects.
 """
 from __future__ import annotations
 
@@ -83,14 +87,36 @@ def _fused_name(name: str) -> tuple[str, int | None]:
     return name, None
 
 
-def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype, max_positions: int):
+def _read(f, hf_name: str, name: str, config, model, tp) -> torch.Tensor:
+    """The whole tensor, or this rank's slice of it, read straight from the file."""
+    if tp is None:
+        return f.get_tensor(hf_name)
+    part = tp.partition(name, config, model.head_dim)
+    if part is None:
+        tensor = f.get_tensor(hf_name)
+        if tp.rank and name.endswith("down_proj.bias"):  # row-parallel bias: added once, after the all-reduce sums
+            tensor.zero_()
+        return tensor
+    dim, start, stop = part
+    view = f.get_slice(hf_name)
+    if dim == 1:
+        return view[:, start:stop]
+    tensor = view[start:stop]
+    if name in ("embed_tokens.weight", "lm_head.weight"):  # the last vocabulary slice: zero rows up to vocab_rows
+        pad = tp.vocab_rows(config) - tensor.shape[0]
+        tensor = torch.cat([tensor, tensor.new_zeros(pad, *tensor.shape[1:])]) if pad else tensor
+    return tensor
+
+
+def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype, max_positions: int, tp=None):
+    """The model on `device` in `dtype`; with `tp` (a TPShard) only that rank's slices of the weights."""
     from accelerate import init_empty_weights
     from safetensors import safe_open
 
     from .llama import CausalLM
 
     with init_empty_weights(include_buffers=False):
-        model = CausalLM(config, max_positions=max_positions)
+        model = CausalLM(config, max_positions=max_positions, tp=tp)
     model.rotary.to(device)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
@@ -103,7 +129,7 @@ def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype
                 name, index = _fused_name(hf_name)
                 if name == "lm_head.weight" and model.tie_word_embeddings:
                     continue
-                tensor = f.get_tensor(hf_name).to(dtype)
+                tensor = _read(f, hf_name, hf_name.removeprefix("model."), config, model, tp).to(dtype)
                 if index is None:
                     state[name] = tensor
                 else:

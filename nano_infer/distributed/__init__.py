@@ -1,0 +1,11 @@
+"""Tensor parallelism over torch.distributed: each rank holds a shard of every layer and its own KV pool.
+
+`LLM(..., tensor_parallel_size=2)` spawns the workers on this machine; under torchrun, rank 0
+runs the LLM and every other rank calls `run_worker()` (`nano-infer serve` does both).
+"""
+from .executor import TPExecutor
+from .launch import torchrun_launch
+from .shard import TPShard, check_tp_sizes
+from .worker import WorkerConfig, run_worker
+
+__all__ = ["TPExecutor", "TPShard", "WorkerConfig", "check_tp_sizes", "run_worker", "torchrun_launch"]
