@@ -5,6 +5,7 @@ Import from the submodule that draws what you need, e.g. `from nano_infer.viz.me
 from __future__ import annotations
 
 import inspect
+import os
 
 import plotly.graph_objects as go
 
@@ -17,6 +18,18 @@ def show_source(obj) -> None:
     from IPython.display import Code, display
 
     display(Code(inspect.getsource(obj), language="python"))
+
+
+def figure_renderer() -> str:
+    """The plotly renderer a notebook's setup cell uses: `pio.renderers.default = figure_renderer()`.
+
+    Always plotly's own JSON, which JupyterLab, VS Code and the book draw interactively (nothing
+    loaded from a CDN). With NANO_INFER_FIGURE_IMAGES=1 (`make notebooks`, when outputs are
+    executed for committing) also a PNG of each figure, so a viewer that runs no JavaScript
+    (GitHub, `nbconvert --to html`) shows it; that needs kaleido and a Chromium, which `make test`
+    does without.
+    """
+    return "plotly_mimetype+png" if os.environ.get("NANO_INFER_FIGURE_IMAGES") == "1" else "plotly_mimetype"
 
 
 def _frame_layout(fig: go.Figure) -> dict:
@@ -65,4 +78,4 @@ def stepper(draw, count: int, description: str = "step", interval_ms: int = 500,
     return fig
 
 
-__all__ = ["show_source", "stepper"]
+__all__ = ["figure_renderer", "show_source", "stepper"]
