@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 # The GPU notebook check uses a real instruct model from the hub.
 GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
-# Debian's chromium: the book's browser test drives it, kaleido draws the notebooks' figure images with it.
+# Debian's chromium (make chromium): the book's browser test drives it, kaleido draws the figure images with it.
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
@@ -49,11 +49,11 @@ notebooks: setup chromium
 book: setup
 	$(PY) book/build.py build/book
 
-chromium: $(CHROMIUM)
-
-$(CHROMIUM):
-	$(SUDO) apt-get update -qq
-	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+# Debian's chromium (and a font with CJK glyphs for the figure images of chapter 07), once.
+APT_PACKAGES := chromium chromium-driver fonts-droid-fallback
+chromium:
+	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); }
 
 bench: setup
 	$(PY) -m nano_infer.bench
