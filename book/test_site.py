@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-SITE = Path(os.environ.get("BOOK_DIR", Path(__file__).resolve().parent.parent / "build" / "book"))
+ROOT = Path(__file__).resolve().parent.parent
+SITE = Path(os.environ.get("BOOK_DIR", ROOT / "build" / "book"))
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 PAGES = sorted(p.relative_to(SITE).as_posix() for p in SITE.rglob("*.html") if not p.relative_to(SITE).parts[0].startswith("_"))
 FIGURES = json.loads((SITE / "figures.json").read_text())
@@ -54,11 +55,17 @@ def open_page(browser, url):
     return page, errors
 
 
-def test_the_site_has_the_landing_page_and_every_notebook():
+def test_the_site_has_the_landing_page_every_notebook_and_every_solution():
     assert "index.html" in PAGES
-    notebooks = sorted(p.name for p in (SITE.parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    assert [f"{Path(n).stem}.html" for n in notebooks] == sorted(f"{n}.html" for n in FIGURES)
-    assert all(f"{n}.html" in PAGES for n in FIGURES)
+    assert (ROOT / "README.md").read_text().splitlines()[0].lstrip("# ") in (SITE / "index.html").read_text()
+    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert notebooks == sorted(FIGURES)
+    assert all(f"{n}.html" in PAGES for n in notebooks)
+    for solution in sorted((ROOT / "solutions").glob("[0-9][0-9]_*.py")):
+        page = SITE / "solutions" / f"{solution.stem}.html"
+        assert page.exists(), f"no page for {solution.name}"
+        first_def = next(line for line in solution.read_text().splitlines() if line.startswith("def "))
+        assert first_def.split("(")[0].split()[1] in page.read_text()
 
 
 @pytest.mark.parametrize("path", PAGES)
