@@ -56,11 +56,11 @@ def escape(text: str) -> str:
 
 def json_schema_to_regex(schema) -> str:
     """A regex for the JSON texts valid under `schema` (a dict, a JSON string or a pydantic model class)."""
-    schema = _load(schema)
+    schema = load_schema(schema)
     return _Converter(schema).regex(schema, "#")
 
 
-def _load(schema) -> dict:
+def load_schema(schema) -> dict:
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         schema = schema.model_json_schema()
     elif isinstance(schema, str):
