@@ -41,9 +41,11 @@ test-gpu: setup
 
 # Re-execute every notebook for committing: each plotly figure stores a PNG beside its JSON
 # (NANO_INFER_FIGURE_IMAGES, drawn by kaleido with chromium) so viewers without JavaScript show it.
+# Live widgets need a kernel anyway; their saved state would carry all of plotly.js (5 MB).
 notebooks: setup chromium
 	NANO_INFER_FIGURE_IMAGES=1 BROWSER_PATH=$(CHROMIUM) $(VENV)/bin/jupyter nbconvert --to notebook --execute \
-		--inplace --ExecutePreprocessor.timeout=600 notebooks/[0-9][0-9]_*.ipynb
+		--inplace --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.store_widget_state=False \
+		notebooks/[0-9][0-9]_*.ipynb
 
 # The static site of the executed notebooks (Sphinx + MyST-NB), in build/book.
 book: setup
