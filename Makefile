@@ -53,9 +53,11 @@ book: setup
 
 # Debian's chromium (and a font with CJK glyphs for the figure images of chapter 07), once.
 APT_PACKAGES := chromium chromium-driver fonts-droid-fallback
+# Elsewhere (no dpkg) point CHROMIUM at a Chrome or Chromium binary.
 chromium:
-	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
-		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); }
+	@if ! command -v dpkg >/dev/null; then test -x "$(CHROMIUM)" || { echo "set CHROMIUM=/path/to/chromium"; exit 1; }; \
+	elif ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); fi
 
 bench: setup
 	$(PY) -m nano_infer.bench
