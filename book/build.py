@@ -11,6 +11,7 @@ stored in the notebooks, executing nothing):
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -71,7 +72,12 @@ def solution_page(src: Path) -> str:
 
 
 def landing_page(notebooks: list[str], solutions: list[str]) -> str:
+    """The README, its chapter table linked to the notebook pages, then the table of contents."""
     readme = (ROOT / "README.md").read_text()
+    pages = {name[:2]: name for name in notebooks}
+    readme = re.sub(r"^\| (\d\d) \| ([^|]+?) \|",
+                    lambda m: f"| {m[1]} | [{m[2]}]({pages[m[1]]}.ipynb) |" if m[1] in pages else m[0],
+                    readme, flags=re.MULTILINE)
     tocs = "\n```{toctree}\n:caption: Notebooks\n:maxdepth: 1\n\n" + "\n".join(notebooks) + "\n```\n"
     if solutions:
         tocs += "\n```{toctree}\n:caption: Exercise solutions\n:maxdepth: 1\n\n" + "\n".join(solutions) + "\n```\n"
