@@ -5,9 +5,10 @@ timed one after the other can see different machines. Here every round runs each
 in a rotated order, so a burst of load lands on all of them alike; the first `warmup` rounds are
 thrown away (allocator, caches, lazy init), and a comparison is the median over rounds of the
 per-round ratio. On CPU the clock is the process's CPU time, which does not count the moments
-a neighbour holds the core. `one_thread()` is for CPU timings: a neighbour taking one of two cores slows a
-one-thread op at most twice, a two-thread op (which waits for its slower thread at every
-barrier) far more.
+a neighbour holds the core (it still feels a neighbour sharing caches and memory bandwidth).
+`one_thread()` is for CPU timings: a neighbour taking one of two cores slows a one-thread op
+at most twice, a two-thread op (which waits for its slower thread at every barrier) far more,
+and a waiting thread's spinning would count as CPU time.
 """
 from __future__ import annotations
 
