@@ -44,7 +44,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .engine import LLMEngine
+from .engine import LLMEngine, check_utf8
 from .llm import LLM
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
@@ -129,13 +129,22 @@ class AsyncLLM:
             raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
         if not isinstance(prompt[0], dict):
             return prompt
-        chars = sum(len(m["content"]) for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str))
+        contents = [m["content"] for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str)]
+        for content in contents:
+            check_utf8(content, "a message")
+        chars = sum(map(len, contents))
         if chars > self.engine.max_prompt_chars:
             raise ValueError(f"messages have {chars:,} characters: more than max_model_len={self.engine.max_model_len} "
                              f"tokens can hold (at most {self.engine.max_prompt_chars:,} characters)")
         return self.apply_chat_template(prompt)
 
-    async def _constraint_index(self, params: SamplingParams):
+    async def precompile(self, params: SamplingParams) -> None:
+        """Compile a constraint ahead of the requests that will use it, with no time limit (the
+        operator's own): `nano-infer serve` does so for `response_format: json_object`, whose
+        regex takes several seconds. A request for it meanwhile waits for this compile."""
+        await self._constraint_index(params, trusted=True)
+
+    async def _constraint_index(self, params: SamplingParams, trusted: bool = False):
         if self._compile_pool is None:
             from .constrained import ConstraintLimits
             from .constrained.compile_pool import CompilePool
@@ -145,7 +154,7 @@ class AsyncLLM:
                 if self._compile_pool is None:
                     limits = self.engine.config.constraint_limits or ConstraintLimits()
                     self._compile_pool = CompilePool(vocab, limits, workers=self._compile_workers)
-        return await self._compile_pool.index(params)
+        return await self._compile_pool.index(params, trusted)
 
     def _send(self, message) -> None:
         with self._lock:

@@ -5,10 +5,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
+import threading
 
 from .constrained.limits import ConstraintLimits
+from .protocol import JSON_OBJECT
+from .sampling_params import SamplingParams
 from .server import MAX_BODY_BYTES
 
 
@@ -46,6 +50,9 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # json_object's regex takes seconds to compile: do it now, so that no request waits for it past its time limit
+    warm = SamplingParams(json_schema=JSON_OBJECT)
+    threading.Thread(target=asyncio.run, args=(llm.precompile(warm),), name="nano_infer-warm", daemon=True).start()
     try:
         run_server(llm, args.host, args.port, args.served_model_name, args.log_level, args.api_key,
                    tuple(args.allowed_host), args.max_request_bytes)

@@ -58,6 +58,15 @@ class EngineConfig:
     constraint_limits: object = None  # constrained.ConstraintLimits; None: its defaults
 
 
+def check_utf8(text: str, what: str) -> None:
+    """JSON can carry a lone surrogate ("\\ud800"), which is not a character and cannot be tokenized."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} contains {text[e.start:e.end]!r} at character {e.start}: a lone UTF-16 surrogate, "
+                         f"not a character") from None
+
+
 @dataclass
 class Request:
     request_id: str
@@ -219,6 +228,7 @@ class LLMEngine:
         refused before tokenizing it (a 20 MB prompt would otherwise take ~40 s and GBs of memory)."""
         if not isinstance(prompt, str) or not prompt:
             raise ValueError("prompt must be a non-empty string (or pass prompt_token_ids)")
+        check_utf8(prompt, "prompt")
         if len(prompt) > self.max_prompt_chars:
             raise ValueError(f"prompt has {len(prompt):,} characters: more than max_model_len={self.max_model_len} tokens "
                              f"of this tokenizer can hold (at most {self.max_prompt_chars:,} characters)")

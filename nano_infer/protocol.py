@@ -22,6 +22,7 @@ from .sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
 Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]  # strict floats take ints, never bools or strings
 Seed = Annotated[StrictInt, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
 MAX_N = 128  # samples per request
+JSON_OBJECT = {"type": "object"}  # what response_format json_object asks for: any JSON object
 
 
 class ProtocolError(ValueError):
@@ -163,7 +164,7 @@ def _constraint(body: _GenerateBody) -> tuple[str | None, Any, list[str] | None]
                                 param="response_format")
         asked.append(("response_format", None, fmt.json_schema.schema_, None))
     elif fmt is not None and fmt.type == "json_object":
-        asked.append(("response_format", None, {"type": "object"}, None))
+        asked.append(("response_format", None, JSON_OBJECT, None))
     if body.guided_regex is not None:
         asked.append(("guided_regex", body.guided_regex, None, None))
     if body.guided_json is not None:
@@ -179,7 +180,7 @@ def _constraint(body: _GenerateBody) -> tuple[str | None, Any, list[str] | None]
         if len(given) != 1:
             raise ProtocolError("structured_outputs needs exactly one of regex, json, choice, json_object",
                                 param="structured_outputs")
-        schema = {"type": "object"} if so.json_object else _schema(so.json_, "structured_outputs.json") \
+        schema = JSON_OBJECT if so.json_object else _schema(so.json_, "structured_outputs.json") \
             if so.json_ is not None else None
         asked.append(("structured_outputs", so.regex, schema, so.choice))
     if len(asked) > 1:

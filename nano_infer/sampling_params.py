@@ -11,6 +11,7 @@ SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20  # alternatives per token, OpenAI's limit for top_logprobs
 MAX_STOP_STRINGS = 32
 MAX_STOP_LENGTH = 1024  # characters per stop string
+MAX_TOP_K = 2**31 - 1
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit integer, what torch.Generator.manual_seed takes
 
 
@@ -66,8 +67,9 @@ class SamplingParams:
             bad("n", self.n, "an integer >= 1")
         if not _is_real(self.temperature) or self.temperature < 0:
             bad("temperature", self.temperature, "a finite number >= 0 (0 means greedy)")
-        if not _is_int(self.top_k) or self.top_k < -1:
-            bad("top_k", self.top_k, "-1 or 0 (disabled) or an integer >= 1")
+        if not _is_int(self.top_k) or not -1 <= self.top_k <= MAX_TOP_K:
+            bad("top_k", self.top_k, f"-1 or 0 (disabled) or an integer in [1, {MAX_TOP_K}] (beyond the vocabulary "
+                                     f"size it keeps every token)")
         if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", self.top_p, "in the range (0, 1]")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens <= 0):

@@ -38,6 +38,9 @@ from .vocabulary import TokenVocabulary
 FAILURES_KEPT = 256  # constraints remembered as refused
 TIMEOUT_REMEMBERED = 60.0  # seconds a timed-out constraint is refused without trying again
 WORKER_NICENESS = 10  # compiles yield the CPU to the engine thread
+# {"type": "object"} (response_format json_object) is not a client's invention: its cost is known (~5 s on
+# 2 cores, see json_schema.ANY_JSON_DEPTH) and bounded, so it gets no time limit, like a trusted constraint.
+ANY_OBJECT_KEY = ("json_schema", '{"type":"object"}')
 
 
 class CompilePoolBusy(RuntimeError):
@@ -62,12 +65,13 @@ class CompilePool:
         self._jobs: dict[tuple, _Job] = {}
         self._failures: OrderedDict[tuple, tuple[ValueError, float]] = OrderedDict()  # key -> (error, until)
 
-    async def index(self, params) -> TokenIndex | None:
+    async def index(self, params, trusted: bool = False) -> TokenIndex | None:
         """The token index `params` asks for, or None for an unconstrained request.
 
         Raises ValueError for a constraint that is invalid or over the limits (including the
         time limit), CompilePoolBusy when too many compile at once. Cancelling the awaiting
         task cancels the compile unless another request waits for the same constraint.
+        `trusted` (the operator's own constraints, compiled ahead) lifts the time limit.
         """
         key = constraint_key(params)
         if key is None:
@@ -76,14 +80,14 @@ class CompilePool:
         index = cached_index(key, self.vocab)
         if index is not None:
             return index
-        job = self._join(key)
+        job = self._join(key, None if trusted or key == ANY_OBJECT_KEY else self.limits.timeout)
         try:
             return await asyncio.shield(asyncio.wrap_future(job.done))
         except asyncio.CancelledError:
             self._leave(key, job)
             raise
 
-    def _join(self, key) -> _Job:
+    def _join(self, key, timeout: float | None) -> _Job:
         with self._lock:
             failure = self._failures.get(key)
             if failure is not None:
@@ -95,7 +99,7 @@ class CompilePool:
             if job is None:
                 if len(self._jobs) >= self.max_pending:
                     raise CompilePoolBusy(f"{len(self._jobs)} constraints are compiling already; try again shortly")
-                work = self._pool.schedule(_compile, args=(key, self.limits), timeout=self.limits.timeout)
+                work = self._pool.schedule(_compile, args=(key, self.limits), timeout=timeout)
                 job = self._jobs[key] = _Job(work, concurrent.futures.Future())
                 work.add_done_callback(lambda w: self._finished(key, job))
             job.waiters += 1

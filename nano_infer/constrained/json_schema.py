@@ -27,7 +27,7 @@ import json
 
 import interegular
 
-from .byte_dfa import strip_anchors
+from .byte_dfa import strip_anchors, unicode_escapes
 
 # One character of a JSON string: anything but '"', '\' and control characters, or an escape.
 # \u escapes of surrogates are left out: a lone one is not a character, and a pair would
@@ -248,7 +248,7 @@ def _json_safe_pattern(pattern, path: str) -> str:
     """
     if not isinstance(pattern, str):
         raise ValueError(f"'pattern' at {path} must be a string")
-    pattern = strip_anchors(pattern)
+    pattern = strip_anchors(unicode_escapes(pattern))
     try:
         fsm = interegular.parse_pattern(pattern).to_fsm()
     except Exception as e:
