@@ -29,7 +29,7 @@ WIDGET_NOTE = "*Live sliders: open this notebook in JupyterLab to move them. The
 
 def figure_html(figure: dict) -> str:
     """A plotly figure (JSON of a notebook output) as a div and the script that draws it with the page's plotly.js."""
-    return pio.to_html(figure, include_plotlyjs=False, full_html=False, validate=False,
+    return pio.to_html(figure, include_plotlyjs=False, full_html=False, validate=False, auto_play=False,
                        config={"displaylogo": False})
 
 
@@ -40,11 +40,11 @@ def is_cdn_loader(output) -> bool:
     return PLOTLY not in output.get("data", {}) and "<script" in html and "https://" in html
 
 
-def stage_notebook(src: Path, dst: Path) -> int:
-    """Copy a notebook with book-ready outputs; returns how many plotly figures it holds."""
+def stage_notebook(src: Path, dst: Path) -> dict[str, int]:
+    """Copy a notebook with book-ready outputs; returns how many plotly figures it holds, and how many steppers."""
     nb = nbformat.read(src, as_version=4)
     nb.metadata.pop("widgets", None)
-    figures = 0
+    figures = steppers = 0
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
@@ -53,6 +53,7 @@ def stage_notebook(src: Path, dst: Path) -> int:
             data = out.get("data", {})
             if PLOTLY in data:
                 figures += 1
+                steppers += bool(data[PLOTLY].get("layout", {}).get("sliders"))
                 out["data"] = {"text/html": figure_html(data[PLOTLY]), "text/plain": "<plotly figure>"}
             elif WIDGET in data:
                 out["data"] = {"text/markdown": WIDGET_NOTE, "text/plain": WIDGET_NOTE}
@@ -61,7 +62,7 @@ def stage_notebook(src: Path, dst: Path) -> int:
             outputs.append(out)
         cell.outputs = outputs
     nbformat.write(nb, dst)
-    return figures
+    return {"figures": figures, "steppers": steppers}
 
 
 def solution_page(src: Path) -> str:
@@ -84,8 +85,8 @@ def landing_page(notebooks: list[str], solutions: list[str]) -> str:
     return readme + "\n" + tocs
 
 
-def stage(src_dir: Path) -> dict[str, int]:
-    """Write the Sphinx sources; returns figures per notebook page (the browser test's expectation)."""
+def stage(src_dir: Path) -> dict[str, dict[str, int]]:
+    """Write the Sphinx sources; returns figures and steppers per notebook page (the browser test's expectation)."""
     shutil.rmtree(src_dir, ignore_errors=True)
     (src_dir / "_static").mkdir(parents=True)
     (src_dir / "solutions").mkdir()

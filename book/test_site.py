@@ -71,7 +71,7 @@ def test_the_site_has_the_landing_page_every_notebook_and_every_solution():
 @pytest.mark.parametrize("path", PAGES)
 def test_page_loads_and_every_figure_draws(browser, base_url, path):
     page, errors = open_page(browser, f"{base_url}/{path}")
-    expected = FIGURES.get(path.removesuffix(".html"), 0)  # notebook pages: figures in the notebook
+    expected = FIGURES.get(path.removesuffix(".html"), {}).get("figures", 0)  # notebook pages: figures in the notebook
     if expected:
         page.wait_for_function(f"() => ({DRAWN})() >= {expected}", timeout=60_000)
     assert page.evaluate(DRAWN) == expected, f"{path}: figures drawn vs. figures in the notebook"
@@ -80,15 +80,23 @@ def test_page_loads_and_every_figure_draws(browser, base_url, path):
     assert errors == []
 
 
-def test_a_stepper_slider_moves_and_redraws(browser, base_url):
-    page, errors = open_page(browser, f"{base_url}/02_block_manager.html")
-    page.wait_for_function(f"() => ({DRAWN})() >= {FIGURES['02_block_manager']}", timeout=60_000)
+STEPPER_PAGES = [f"{name}.html" for name, counts in FIGURES.items() if counts["steppers"]]
+
+
+def test_the_step_through_chapters_have_steppers():
+    assert {"02_block_manager.html", "04_radix_tree.html", "07_constrained_decoding.html"} <= set(STEPPER_PAGES)
+
+
+@pytest.mark.parametrize("path", STEPPER_PAGES)
+def test_a_stepper_slider_moves_and_redraws(browser, base_url, path):
+    page, errors = open_page(browser, f"{base_url}/{path}")
+    page.wait_for_function(f"() => ({DRAWN})() >= {FIGURES[path.removesuffix('.html')]['figures']}", timeout=60_000)
     steppers = page.evaluate("() => [...document.querySelectorAll('.plotly-graph-div')]"
                              ".map((d, i) => d.layout.sliders && d.layout.sliders.length ? i : -1).filter(i => i >= 0)")
     assert steppers, "no figure with a slider on the page"
     plot = page.locator(".plotly-graph-div").nth(steppers[0])
     plot.scroll_into_view_if_needed()
-    title = lambda: plot.locator(".gtitle").inner_text()
+    title = lambda: plot.locator(".gtitle").first.text_content()
     before, active = title(), plot.evaluate("d => d._fullLayout.sliders[0].active")
     rail = plot.locator("rect.slider-rail-touch-rect").bounding_box()
     page.mouse.click(rail["x"] + rail["width"] - 3, rail["y"] + rail["height"] / 2)  # the slider's last stop
