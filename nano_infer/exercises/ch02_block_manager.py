@@ -143,5 +143,5 @@ def fork_cow(candidate):
         while sim.tokens:  # free everything: every block must come back
             sim.op("free", 0)
 
-    forall(_cow_cases(), prop, max_examples=80,
+    forall(_cow_cases(), prop, max_examples=50,
            examples=[(2, [("new", 2), ("fork", 0), ("append", 0), ("append", 1), ("free", 0)])])

@@ -118,7 +118,7 @@ def match_prefix(candidate):
         expect(new == (0 if ends_at_node else 1), desc, 0 if ends_at_node else 1, new,
                why="nodes added (one split when the match ends inside an edge, else none):")
 
-    forall(st.tuples(st.lists(_seq, max_size=4), _seq), prop, max_examples=80,
+    forall(st.tuples(st.lists(_seq, max_size=4), _seq), prop, max_examples=50,
            examples=[([[1, 2, 3, 4]], [1, 2, 5]), ([[1, 2, 3, 4], [1, 2, 3, 4, 0, 0]], [1, 2])])
 
 
@@ -146,5 +146,5 @@ def radix_insert(candidate):
             expect(again is node and len(_nodes(root)) == count, desc + ", then the last one again",
                    why="inserting a sequence the tree already holds must return its node and add nothing")
 
-    forall(st.lists(_seq, min_size=1, max_size=5), prop, max_examples=80,
+    forall(st.lists(_seq, min_size=1, max_size=5), prop, max_examples=50,
            examples=[[[1, 2, 3], [1, 2, 4]], [[1, 2, 3], [1]]])

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase
 EXERCISES: dict[str, "Exercise"] = {}
 
 # Each property check tries this many cases (hypothesis examples) unless the checker asks for fewer.
-MAX_EXAMPLES = 60
+MAX_EXAMPLES = 40
 
 
 @dataclass
