@@ -1,4 +1,4 @@
-# nano_infer: `make lab` to read, `make test` to check. Both create .venv on first use.
+# nano_infer: `make lab` to read, `make test` to check, `make book` for the static site. All create .venv on first use.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -6,22 +6,25 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 # The GPU notebook check uses a real instruct model from the hub.
 GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
+# Debian's chromium (make chromium): the book's browser test drives it, kaleido draws the figure images with it.
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup lab test test-unit test-notebooks test-gpu bench tiny-model clean
+.PHONY: setup lab test test-unit test-notebooks test-book test-gpu notebooks book chromium bench tiny-model clean
 
 setup: $(STAMP)
 
 # constraints.txt pins torch to the CPU build on this kind of machine; pyproject keeps ranges.
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -c constraints.txt -e '.[notebooks,test]'
+	$(PIP) install -q -c constraints.txt -e '.[notebooks,test,book]'
 	touch $(STAMP)
 
 # Jupyter refuses to run as root (as in a container) unless told it may.
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
-test: test-unit test-notebooks
+test: test-unit test-notebooks test-book
 
 test-unit: setup
 	$(PY) -m pytest tests -q
@@ -30,8 +33,32 @@ test-unit: setup
 test-notebooks: setup
 	$(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks/
 
+# Build the book from the committed notebooks and check it in headless chromium.
+test-book: book chromium
+	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q book/test_site.py
+
 test-gpu: setup
 	NANO_INFER_MODEL=$(GPU_MODEL) $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks/
+
+# Re-execute every notebook for committing: each plotly figure stores a PNG beside its JSON
+# (NANO_INFER_FIGURE_IMAGES, drawn by kaleido with chromium) so viewers without JavaScript show it.
+# Live widgets need a kernel anyway; their saved state would carry all of plotly.js (5 MB).
+notebooks: setup chromium
+	NANO_INFER_FIGURE_IMAGES=1 BROWSER_PATH=$(CHROMIUM) $(VENV)/bin/jupyter nbconvert --to notebook --execute \
+		--inplace --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.store_widget_state=False \
+		notebooks/[0-9][0-9]_*.ipynb
+
+# The static site of the executed notebooks (Sphinx + MyST-NB), in build/book.
+book: setup
+	$(PY) book/build.py build/book
+
+# Debian's chromium (and a font with CJK glyphs for the figure images of chapter 07), once.
+APT_PACKAGES := chromium chromium-driver fonts-droid-fallback
+# Elsewhere (no dpkg) point CHROMIUM at a Chrome or Chromium binary.
+chromium:
+	@if ! command -v dpkg >/dev/null; then test -x "$(CHROMIUM)" || { echo "set CHROMIUM=/path/to/chromium"; exit 1; }; \
+	elif ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); fi
 
 bench: setup
 	$(PY) -m nano_infer.bench

@@ -143,6 +143,7 @@ def test_attention_case_memory_gather_grows_blockwise_stays_flat():
     rows = attention_scaling([64, 1024], batch=2, num_heads=4, num_kv_heads=2, head_dim=8, repeats=1, block_size=4,
                              blocks_per_chunk=2)
     mib = {(r["impl"], r["context"]): r["mib"] for r in rows}
+    assert [r["ratio"] for r in rows if r["impl"] == "gather"] == [1.0, 1.0]  # each time is relative to gather's
     # gather copies K and V for every key: 2 x 2 seqs x 1024 keys x 2 heads x 8 dims x 4 bytes = 256 KiB at least
     assert mib["gather", 1024] * 2**20 >= 2 * 2 * 1024 * 2 * 8 * 4
     assert mib["blockwise", 1024] < mib["gather", 1024] / 4 and mib["blockwise", 1024] < 2 * mib["blockwise", 64]

@@ -55,8 +55,14 @@ def test_events_figure_has_one_marker_per_logged_event(forked):
     assert markers["cow"] == 2 and markers["share"] == 2 * math.ceil(PROMPT_LEN / BS)
 
 
-def test_stepper_slider_covers_every_step(forked):
+def test_stepper_has_one_frame_per_step_drawn_like_the_single_figure(forked):
     history, _ = forked
-    box = block_table_stepper(history)
-    slider = box.children[0].children[1]
-    assert (slider.min, slider.max) == (0, len(history) - 1)
+    fig = block_table_stepper(history)
+    columns = blocks_in_use(history)
+    assert len(fig.frames) == len(history)
+    assert [s.label for s in fig.layout.sliders[0].steps] == [str(r.step) for r in history]
+    for frame, record in zip(fig.frames, history):
+        single = block_table_figure(record, columns)
+        assert frame.data[0].z == single.data[0].z and frame.data[0].y == single.data[0].y
+        assert frame.layout.title.text == single.layout.title.text
+    assert fig.data[0].z == fig.frames[0].data[0].z  # what a viewer sees before touching the slider

@@ -2,7 +2,7 @@
 import pytest
 
 from nano_infer.constrained import ByteDFA, TokenIndex, TokenVocabulary
-from nano_infer.viz.dfa import HIGHLIGHT, bytes_label, dfa_figure, layout, spell, walk
+from nano_infer.viz.dfa import HIGHLIGHT, bytes_label, dfa_figure, dfa_stepper, layout, spell, walk
 
 # 北 is E5 8C 97: one token holds its first byte, another the other two, a third all three.
 TOKENS = [b"a", b"b", b"ab", b"c", b"\xe5", b"\x8c\x97", b"\xe5\x8c\x97", b"x", None]
@@ -73,3 +73,12 @@ def test_figure_highlights_the_token_path_and_lists_the_state_row(machine):
     assert sorted(map(int, ids)) == [A, AB, LEAD, BEI]
     end = dfa_figure(dfa, index, steps[-1])
     assert list(next(t for t in end.data if t.type == "table").cells.values[0]) == ["EOS"]
+
+
+def test_stepper_has_a_frame_per_token_read(machine):
+    dfa, index = machine
+    steps = walk(index, dfa, [LEAD, REST, C])
+    fig = dfa_stepper(dfa, index, steps, "北c")
+    assert len(fig.frames) == len(steps)
+    hot = [sum(a.arrowcolor == HIGHLIGHT for a in f.layout.annotations) for f in fig.frames]
+    assert hot == [len(s.byte_states) - 1 for s in steps]  # each frame lights up its own token's bytes

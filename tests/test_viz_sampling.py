@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from nano_infer.viz.sampling import next_token_figure, sampling_distribution
+from nano_infer.viz.sampling import next_token_figure, sampling_distribution, sampling_widget
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 
@@ -37,3 +37,18 @@ def test_figure_bars_compare_softmax_and_sampler():
     assert list(raw.y) == pytest.approx(LOGITS.softmax(-1)[:4].tolist())
     assert list(kept.y) == pytest.approx(LOGITS[:2].softmax(-1).tolist() + [0, 0])
     assert "2 of 6 tokens" in fig.layout.title.text
+
+
+def test_title_prints_settings_without_float_noise():
+    fig = next_token_figure(LOGITS, ByteTokenizer(), temperature=0.1 * 3, top_p=0.1 + 0.2 + 0.3, num_tokens=4)
+    assert fig.layout.title.text.startswith("T=0.3, top_k=-1, top_p=0.6:")
+
+
+def test_widget_recomputes_the_figure_in_place():
+    box = sampling_widget(LOGITS, ByteTokenizer(), num_tokens=4)
+    temperature, top_k, top_p = box.children[0].children
+    fig = box.children[1]
+    assert list(fig.data[1].y) == pytest.approx(LOGITS.softmax(-1)[:4].tolist())
+    top_k.value = 1
+    assert list(fig.data[1].y) == [1.0, 0, 0, 0]
+    assert "1 of 6 tokens" in fig.layout.title.text

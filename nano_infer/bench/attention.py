@@ -14,7 +14,6 @@ import contextlib
 import os
 import random
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +23,7 @@ from ..kv import KVPool
 from ..model_runner import ModelRunner
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
+from .timing import interleaved
 
 
 @dataclass
@@ -72,23 +72,6 @@ def step_case(impl: str, work: list[tuple[int, int]], num_heads: int, num_kv_hea
     return StepCase(runner.backend, rand(num_heads), rand(num_kv_heads), rand(num_kv_heads), seqs, num_new, first_rows)
 
 
-def best_time(fn, repeats: int = 7, inner: int = 3) -> float:
-    """Seconds per call, the best of `repeats` batches: other processes only ever add time."""
-    cuda = torch.cuda.is_available()
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / inner)
-    return best
-
-
 def peak_bytes(fn, device="cpu") -> int:
     """Most bytes of temporaries alive at once while `fn` runs (its result included)."""
     if torch.device(device).type == "cuda":
@@ -124,19 +107,21 @@ def _quiet_stderr():
 
 
 def attention_scaling(contexts: list[int], batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                      impls=("gather", "blockwise"), dtype=torch.float32, device="cpu", repeats: int = 5,
+                      impls=("gather", "blockwise"), dtype=torch.float32, device="cpu", repeats: int = 7,
                       **case_options) -> list[dict]:
     """For each context length and variant: ms per decode attention call (`batch` sequences that long, one
-    new token each) and peak MiB of temporaries. The variants take turns, call by call, and each keeps its
-    best time, so a burst of load on the machine hits both alike."""
+    new token each), its time relative to the first variant, and peak MiB of temporaries.
+
+    The variants take turns call by call (`timing.interleaved`, one warm-up round, `repeats` timed
+    rounds): `ms` is the median, `ratio` the median over rounds of this variant's time over the
+    first variant's in the same round, so a burst of load on the machine hits both alike.
+    """
     rows = []
     for context in contexts:
         cases = {impl: step_case(impl, [(context - 1, 1)] * batch, num_heads, num_kv_heads, head_dim, dtype=dtype,
                                  device=device, **case_options) for impl in impls}
-        best = {impl: float("inf") for impl in impls}
-        for _ in range(repeats):
-            for impl, case in cases.items():
-                best[impl] = min(best[impl], best_time(case, repeats=1, inner=1))
-        rows += [dict(impl=impl, context=context, ms=1e3 * best[impl], mib=peak_bytes(case, device) / 2**20)
+        timings = interleaved(cases, rounds=repeats, warmup=1)
+        rows += [dict(impl=impl, context=context, ms=1e3 * timings.median(impl), ratio=timings.ratio(impl, impls[0]),
+                      mib=peak_bytes(case, device) / 2**20)
                  for impl, case in cases.items()]
     return rows

@@ -1,11 +1,17 @@
-"""Plotly figures and ipywidgets steppers for the notebooks, one file per chapter's pictures.
+"""Plotly figures for the notebooks, one file per chapter's pictures, and the stepper they share.
 
 Import from the submodule that draws what you need, e.g. `from nano_infer.viz.memory import ...`.
 """
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
+
+import plotly.graph_objects as go
+
+# Layout keys a frame may change: what a state says (title, annotations, shapes) and where its axes look.
+_FRAME_LAYOUT_KEYS = ("title", "annotations", "shapes")
 
 
 def show_source(obj, collapsed: bool = False) -> None:
@@ -29,26 +35,62 @@ def show_source(obj, collapsed: bool = False) -> None:
                  f"{code._repr_html_()}</details>"))
 
 
-def stepper(draw, count: int, description: str = "step", interval_ms: int = 500):
-    """A slider (with a play button) over `count` states; `draw(i)` returns the figure for state i."""
-    import ipywidgets as w
-    from IPython.display import display
+def figure_renderer() -> str:
+    """The plotly renderer a notebook's setup cell uses: `pio.renderers.default = figure_renderer()`.
 
+    Always plotly's own JSON, which JupyterLab, VS Code and the book draw interactively (nothing
+    loaded from a CDN). With NANO_INFER_FIGURE_IMAGES=1 (`make notebooks`, when outputs are
+    executed for committing) also a PNG of each figure, so a viewer that runs no JavaScript
+    (GitHub, `nbconvert --to html`) shows it; that needs kaleido and a Chromium, which `make test`
+    does without.
+    """
+    return "plotly_mimetype+png" if os.environ.get("NANO_INFER_FIGURE_IMAGES") == "1" else "plotly_mimetype"
+
+
+def _frame_layout(fig: go.Figure) -> dict:
+    layout = fig.layout.to_plotly_json()
+    keep = {k: v for k, v in layout.items() if k in _FRAME_LAYOUT_KEYS or k.startswith(("xaxis", "yaxis"))}
+    keep.setdefault("annotations", [])  # a state without annotations must clear the previous state's
+    return keep
+
+
+def stepper(draw, count: int, description: str = "step", interval_ms: int = 500,
+            labels: list[str] | None = None) -> go.Figure:
+    """One plotly figure with a frame per state, a slider and a play button: it steps with no kernel.
+
+    `draw(i)` returns the figure for state i; every state must draw the same traces in the same
+    order (a frame replaces each trace's data, it cannot add or drop one). The figure first shows
+    state 0, at the tallest state's height. `labels` name the slider's stops (default 0, 1, ...).
+    """
     if count < 1:
-        raise ValueError("nothing to step through")
-    slider = w.IntSlider(value=0, min=0, max=count - 1, description=description)
-    play = w.Play(value=0, min=0, max=count - 1, interval=interval_ms)
-    w.jslink((play, "value"), (slider, "value"))
-    out = w.Output()
+        raise ValueError("stepper: count must be at least 1 (nothing to step through)")
+    labels = [str(label) for label in labels] if labels is not None else [str(i) for i in range(count)]
+    if len(labels) != count:
+        raise ValueError(f"stepper: {len(labels)} labels for {count} states")
+    figures = [draw(i) for i in range(count)]
+    kinds = [t.type for t in figures[0].data]
+    for i, f in enumerate(figures):
+        if [t.type for t in f.data] != kinds:
+            raise ValueError(f"stepper: state {i} draws traces {[t.type for t in f.data]}, state 0 draws {kinds}")
+    fig = go.Figure(figures[0])
+    fig.frames = [go.Frame(data=f.data, layout=_frame_layout(f), name=str(i)) for i, f in enumerate(figures)]
+    height = max(f.layout.height or 450 for f in figures)
+    bottom = (fig.layout.margin.b if fig.layout.margin.b is not None else 60) + 90
+    still = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
+    fig.update_layout(
+        height=height + 90, margin_b=bottom,
+        sliders=[dict(
+            active=0, x=0.1, len=0.9, y=0, yanchor="top", pad=dict(t=50),
+            currentvalue=dict(prefix=f"{description} ", font=dict(size=13)),
+            steps=[dict(method="animate", label=label, args=[[str(i)], still]) for i, label in enumerate(labels)])],
+        updatemenus=[dict(
+            type="buttons", direction="left", x=0.1, y=0, xanchor="right", yanchor="top", pad=dict(t=60, r=10),
+            showactive=False,
+            buttons=[dict(label="▶", method="animate",
+                          args=[None, {**still, "frame": {"duration": interval_ms, "redraw": True}, "fromcurrent": True}]),
+                     dict(label="❚❚", method="animate", args=[[None], still])])],
+    )
+    return fig
 
-    def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            display(draw(slider.value))
 
-    slider.observe(redraw, names="value")
-    redraw()
-    return w.VBox([w.HBox([play, slider]), out])
-
-
-__all__ = ["show_source", "stepper"]
+__all__ = ["figure_renderer", "show_source", "stepper"]

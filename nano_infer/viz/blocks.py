@@ -66,10 +66,11 @@ def block_table_figure(record: StepRecord, num_blocks: int | None = None, zmax: 
     return fig
 
 
-def block_table_stepper(history: list[StepRecord], num_blocks: int | None = None):
-    """An ipywidgets slider over the recorded steps that redraws `block_table_figure`."""
+def block_table_stepper(history: list[StepRecord], num_blocks: int | None = None) -> go.Figure:
+    """`block_table_figure` for every recorded step in one figure, with a slider over the engine steps."""
     num_blocks = num_blocks or blocks_in_use(history)
-    return stepper(lambda i: block_table_figure(history[i], num_blocks), len(history), "step", 400)
+    return stepper(lambda i: block_table_figure(history[i], num_blocks), len(history), "engine step", 400,
+                   labels=[str(r.step) for r in history])
 
 
 def block_events_figure(log: list[BlockEvent]) -> go.Figure:

@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..constrained import ByteDFA, TokenIndex
+from . import stepper
 
 HIGHLIGHT = "#e6550d"
 MAX_LISTED = 14  # allowed tokens listed in the table under the graph
@@ -193,23 +194,8 @@ def _allowed_table(index: TokenIndex, step: WalkStep) -> go.Table:
                     cells=dict(values=cells, fill_color=[fill] * 3, align="left"))
 
 
-def dfa_stepper(dfa: ByteDFA, index: TokenIndex, steps: list[WalkStep], title: str = ""):
-    """An ipywidgets slider over the walk's steps that redraws `dfa_figure`."""
-    import ipywidgets as w
-    from IPython.display import display
-
+def dfa_stepper(dfa: ByteDFA, index: TokenIndex, steps: list[WalkStep], title: str = "") -> go.Figure:
+    """`dfa_figure` for every step of the walk in one figure, with a slider over the tokens read."""
     if not steps:
         raise ValueError("no steps to show")
-    slider = w.IntSlider(value=0, min=0, max=len(steps) - 1, description="token")
-    play = w.Play(value=0, min=0, max=len(steps) - 1, interval=900)
-    w.jslink((play, "value"), (slider, "value"))
-    out = w.Output()
-
-    def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            display(dfa_figure(dfa, index, steps[slider.value], f"{title} · step {slider.value}"))
-
-    slider.observe(redraw, names="value")
-    redraw()
-    return w.VBox([w.HBox([play, slider]), out])
+    return stepper(lambda i: dfa_figure(dfa, index, steps[i], f"{title} · step {i}"), len(steps), "token", 900)

@@ -147,8 +147,8 @@ def tree_figure(snap: TreeSnapshot, max_tokens: int | None = None) -> go.Figure:
     return fig
 
 
-def tree_stepper(snapshots: list[TreeSnapshot]):
-    """An ipywidgets slider over the snapshots that redraws `tree_figure` (same x range throughout)."""
+def tree_stepper(snapshots: list[TreeSnapshot]) -> go.Figure:
+    """`tree_figure` for every snapshot in one figure with a slider (same x range throughout)."""
     if not snapshots:
         raise ValueError("no snapshots to step through")
     max_tokens = max((n.end for s in snapshots for n in s.nodes), default=1) + 1

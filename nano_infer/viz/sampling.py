@@ -1,7 +1,8 @@
 """Chapter 00's pictures: the next-token distribution before and after temperature / top-k / top-p.
 
 The widget recomputes the distribution with the engine's own `apply_top_k_top_p`, so what
-the sliders show is what `SamplingParams(temperature=, top_k=, top_p=)` samples from.
+the sliders show is what `SamplingParams(temperature=, top_k=, top_p=)` samples from. It
+needs a running kernel; `next_token_figure` is the same picture for fixed settings.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def next_token_figure(logits: torch.Tensor, tokenizer, temperature: float = 1.0,
         go.Bar(x=labels, y=processed[top].tolist(), name="after temperature / top-k / top-p", marker_color="#1f77b4"),
     ])
     fig.update_layout(
-        title=f"T={temperature}, top_k={top_k}, top_p={top_p}: {kept} of {logits.numel()} tokens can be sampled",
+        title=f"T={temperature:g}, top_k={top_k}, top_p={top_p:g}: {kept} of {logits.numel()} tokens can be sampled",
         barmode="group", yaxis_title="probability", xaxis_tickangle=-45, height=420,
         legend=dict(orientation="h", y=1.02, yanchor="bottom"), margin=dict(t=80),
     )
@@ -47,22 +48,29 @@ def next_token_figure(logits: torch.Tensor, tokenizer, temperature: float = 1.0,
 
 
 def sampling_widget(logits: torch.Tensor, tokenizer, num_tokens: int = 20):
-    """Sliders for temperature, top_k (0 = off) and top_p that redraw `next_token_figure`."""
-    import ipywidgets as w
-    from IPython.display import display
+    """Sliders for temperature, top_k (0 = off) and top_p that recompute `next_token_figure` live.
 
-    temperature = w.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature")
+    The figure is a plotly `FigureWidget` updated in place: no ipywidgets `Output`, whose
+    display messages can leave nbclient waiting for a cell that has finished.
+    """
+    import ipywidgets as w
+
+    temperature = w.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature", readout_format=".2f")
     top_k = w.IntSlider(value=0, min=0, max=num_tokens, description="top_k (0=off)")
-    top_p = w.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top_p")
-    out = w.Output()
+    top_p = w.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top_p", readout_format=".2f")
+
+    def draw() -> go.Figure:
+        k = top_k.value if top_k.value > 0 else -1
+        return next_token_figure(logits, tokenizer, round(temperature.value, 2), k, round(top_p.value, 2), num_tokens)
+
+    fig = go.FigureWidget(draw())
 
     def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            k = top_k.value if top_k.value > 0 else -1
-            display(next_token_figure(logits, tokenizer, temperature.value, k, top_p.value, num_tokens))
+        new = draw()
+        with fig.batch_update():
+            fig.data[1].y = new.data[1].y
+            fig.layout.title = new.layout.title
 
     for slider in (temperature, top_k, top_p):
         slider.observe(redraw, names="value")
-    redraw()
-    return w.VBox([w.HBox([temperature, top_k, top_p]), out])
+    return w.VBox([w.HBox([temperature, top_k, top_p]), fig])

@@ -1,0 +1,82 @@
+"""Timings that reproduce on a busy machine: variants interleaved in rounds, medians of paired ratios.
+
+Another process on a shared CPU slows torch several-fold for seconds at a time, so two variants
+timed one after the other can see different machines. Here every round runs each variant once,
+in a rotated order, so a burst of load lands on all of them alike; the first `warmup` rounds are
+thrown away (allocator, caches, lazy init), and a comparison is the median over rounds of the
+per-round ratio. On CPU the clock is the process's CPU time, which does not count the moments
+a neighbour holds the core (it still feels a neighbour sharing caches and memory bandwidth).
+`one_thread()` is for CPU timings: a neighbour taking one of two cores slows a one-thread op
+at most twice, a two-thread op (which waits for its slower thread at every barrier) far more,
+and a waiting thread's spinning would count as CPU time.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Timings:
+    """Seconds per call of each variant, one sample per round, rounds aligned across variants."""
+
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.samples[name])
+
+    def ratio(self, slow: str, fast: str) -> float:
+        """Median over rounds of slow / fast, both timed in the same round."""
+        return statistics.median(s / f for s, f in zip(self.samples[slow], self.samples[fast]))
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def default_clock() -> Callable[[], float]:
+    """CPU time of this process on CPU (time a neighbour takes the core away does not count), wall time on GPU."""
+    return time.perf_counter if torch.cuda.is_available() else time.process_time
+
+
+def interleaved(variants: dict, rounds: int = 7, warmup: int = 1, setup: Callable[[object], object] | None = None,
+                clock: Callable[[], float] | None = None) -> Timings:
+    """Time each `fn()` once per round, variants in turn (order rotated every round); seconds per call.
+
+    `setup(name)`, if given, runs untimed right before each call of variant `name` (e.g. the
+    prefill before a timed decode step). `clock` defaults to `default_clock()`.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    clock = clock or default_clock()
+    names = list(variants)
+    timings = Timings({name: [] for name in names})
+    for r in range(warmup + rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            if setup is not None:
+                setup(name)
+            _sync()
+            start = clock()
+            variants[name]()
+            _sync()
+            if r >= warmup:
+                timings.samples[name].append(clock() - start)
+    return timings
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch on one CPU thread inside the block (GPU work is unaffected), the old setting restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
