@@ -8,7 +8,8 @@
 Each knob of the curriculum is a constructor argument, so every notebook turns one knob
 on the same engine: `kv_cache` ("none" | "contiguous" | "paged"), `block_size`,
 `prefix_cache` (None | "hash" | "radix"), `attention` ("gather" | "blockwise"),
-`scheduler` ("continuous" | "static"), `scheduler_policy` ("fcfs" | "lpm").
+`scheduler` ("continuous" | "static"), `scheduler_policy` ("fcfs" | "lpm"),
+`speculative_config` (vLLM's dict: n-gram prompt lookup or a draft model; see `spec/`).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from .sampling import sample
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
+from .spec import DraftProposer, SpeculativeConfig, SpeculativeDecoder
 
 CPU_KV_BUDGET = 256 * 1024**2  # bytes of KV pool on CPU unless kv_cache_memory says otherwise
 
@@ -54,6 +56,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     log_blocks: bool = False
     record_steps: bool = False
+    speculative_config: dict | None = None  # {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}
 
 
 @dataclass
@@ -91,6 +94,16 @@ class LLMEngine:
         self.vocab_size = self.hf_config.vocab_size
         self.kv_bytes_per_token = kv_bytes_per_token(
             self.hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim, self.dtype)
+        self.spec_config = SpeculativeConfig.parse(cfg.speculative_config)
+        draft = None
+        if self.spec_config is not None:
+            if cfg.kv_cache == "none":
+                raise ValueError("speculative_config verifies proposals against cached K/V: it needs kv_cache='paged' or 'contiguous'")
+            if self.spec_config.method == "draft_model":
+                draft = DraftProposer(self.spec_config.model, self.hf_config, self.tokenizer, self.device, self.dtype, self.max_model_len)
+                # the draft's K/V lives in blocks of the same ids: budget for both per token
+                self.kv_bytes_per_token += kv_bytes_per_token(
+                    draft.config.num_hidden_layers, draft.model.num_kv_heads, draft.model.head_dim, self.dtype)
         self.kv, self.kv_pool = self._make_kv_cache()
         pc = cfg.prefix_cache
         if pc == "auto":
@@ -100,12 +113,19 @@ class LLMEngine:
         self.prefix_cache = make_prefix_cache(pc, self.kv)
         if cfg.max_num_batched_tokens < 1 or cfg.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        self.spec = None
+        if self.spec_config is not None:
+            self.spec = SpeculativeDecoder(self.spec_config, self.kv, draft, self.max_model_len)
         self.scheduler = Scheduler(
             self.kv, self.prefix_cache, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens, policy=cfg.scheduler_policy,
-            mode=cfg.scheduler, chunked_prefill=cfg.enable_chunked_prefill)
+            mode=cfg.scheduler, chunked_prefill=cfg.enable_chunked_prefill,
+            lookahead=self.spec.lookahead if self.spec else None)
         block_size = self.kv.block_size if self.kv else 1
         self.runner = ModelRunner(self.model, self.kv_pool, cfg.attention, block_size, self.device)
+        if draft is not None:
+            draft.make_pool(self.kv.num_blocks, self.kv.block_size, cfg.attention, self.device, self.dtype)
+            self.runner.draft = draft
         self.requests: dict[str, Request] = {}
         self.recorder = StepRecorder() if cfg.record_steps else None
         self.num_steps = 0
@@ -257,30 +277,38 @@ class LLMEngine:
             self.requests[seq.request_id].metrics.num_preemptions += 1
         if not out.scheduled:
             return []
-        scheduled = self.recorder.describe(out) if self.recorder else None
-        copies = []
         if self.kv is not None:
             copies, self.kv.pending_copies = self.kv.pending_copies, []
-        logits = self.runner.run(out.scheduled, copies)
-        samplers = []
+            self.runner.copy_blocks(copies)  # before a draft model writes into the copies
+        if self.spec is not None:
+            out.scheduled = self.spec.propose(self.runner, out.scheduled)
+        scheduled = self.recorder.describe(out) if self.recorder else None
+        logits = self.runner.run(out.scheduled)
+        samplers, rows, verifies, row = [], [], [], 0
         for seq, n in out.scheduled:
+            if seq.spec_token_ids:  # a verify: one logit row per proposal, plus one
+                verifies.append((seq, row))
+                row += n
+                continue
             if seq.num_computed_tokens + n == len(seq):
                 samplers.append(seq)
+                rows.append(row)
+                row += 1
             seq.num_computed_tokens += n
-        rows = list(range(len(samplers)))
         for i, seq in enumerate(list(samplers)):
             req = self.requests[seq.request_id]
             if seq.num_pending_forks:
                 children = self._fork(req, seq)
                 samplers += children
-                rows += [i] * len(children)
-        if len(rows) != logits.shape[0]:
-            logits = logits[rows]
-        tokens = sample(logits, samplers)
+                rows += [rows[i]] * len(children)
+        tokens = sample(logits[rows], samplers) if samplers else []
         now = time.perf_counter()
         touched = {}
         for seq, token in zip(samplers, tokens):
             self._append_token(seq, token, now)
+            touched[seq.request_id] = self.requests[seq.request_id]
+        for seq, row in verifies:
+            self._append_verified(seq, logits[row : row + 1 + len(seq.spec_token_ids)], now)
             touched[seq.request_id] = self.requests[seq.request_id]
         if self.prefix_cache is not None:
             for seq, _ in out.scheduled:
@@ -300,6 +328,18 @@ class LLMEngine:
                 req.metrics.finished_time = now
                 del self.requests[req.request_id]
         return outputs
+
+    def _append_verified(self, seq: Sequence, logits: torch.Tensor, now: float) -> None:
+        """Append what verification accepted, one token at a time (each may finish the request),
+        then give back the KV slots of the rejected proposals."""
+        tokens = self.spec.accept(seq, logits)
+        self.spec.clear(seq)
+        for token in tokens:
+            seq.num_computed_tokens = len(seq)  # K/V of every token so far is computed and accepted
+            self._append_token(seq, token, now)
+            if seq.is_finished:
+                return
+        self.spec.rollback(seq, seq.num_computed_tokens)
 
     def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
         """n > 1: the other samples share the prompt's blocks with the first (copy-on-write later)."""
