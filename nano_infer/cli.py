@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -16,12 +17,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", default="gather", choices=["gather", "blockwise"])
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--speculative-config", default=None, help="JSON, as vLLM's: "
+                   '\'{"method": "ngram", "num_speculative_tokens": 4}\' or '
+                   '\'{"method": "draft_model", "model": "<dir or hub id>", "num_speculative_tokens": 3}\'')
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
+    spec = None
+    if args.speculative_config:
+        try:
+            spec = json.loads(args.speculative_config)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
     return dict(dtype=args.dtype, device=args.device, kv_cache=args.kv_cache, block_size=args.block_size,
                 prefix_cache=None if args.prefix_cache == "none" else args.prefix_cache,
-                attention=args.attention, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
+                attention=args.attention, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                speculative_config=spec)
 
 
 def generate(args: argparse.Namespace) -> int:
