@@ -50,8 +50,8 @@ class SpeculativeDecoder:
     def lookahead(self, seq) -> int:
         """Proposal slots the scheduler may reserve: k, less near max_tokens or max_model_len
         (a verify appends up to 1 + k tokens, and none past either limit)."""
-        if seq.num_pending_forks:  # its samples fork off the first token's logits: plain decode
-            return 0
+        if seq.num_pending_forks or seq.params.logprobs is not None:
+            return 0  # samples fork off the first token's logits; logprobs are per sampled row: plain decode
         k = self.config.num_speculative_tokens
         room = self.max_model_len - len(seq) - 1
         if seq.params.max_tokens is not None:
