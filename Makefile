@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The GPU notebook check uses a real instruct model from the hub.
 GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
 
-.PHONY: setup lab test test-unit test-notebooks test-gpu bench tiny-model clean
+.PHONY: setup lab test test-unit test-notebooks test-gpu bench tiny-model tiny-draft clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,11 @@ bench: setup
 
 tiny-model: setup
 	$(PY) scripts/make_tiny_model.py
+	$(PY) scripts/make_draft_model.py
+
+# the draft for speculative decoding (chapter 09), distilled from the shipped model
+tiny-draft: setup
+	$(PY) scripts/make_draft_model.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -38,11 +38,63 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--card-only", action="store_true", help="rewrite README.md from the eval.json in --out")
     return p.parse_args(argv)
+
+
+def command_line(args) -> str:
+    defaults = vars(parse_args([]))
+    extra = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+             if k not in ("out", "data", "target", "card_only") and v != defaults[k]]
+    return " ".join([".venv/bin/python scripts/make_draft_model.py"] + extra)
+
+
+def model_card(r: dict) -> str:
+    b, a = r["heldout_before"], r["heldout_after"]
+    return f"""# nano_infer tiny draft: a one-layer sibling of the shipped model, for speculative decoding
+
+The draft model that `LLM(speculative_config={{"method": "draft_model", "model": <this folder>,
+"num_speculative_tokens": 3}})` uses with the shipped tiny model (`nano_infer/models/tiny`),
+in notebook 09. It has the target's tokenizer (the files are copies), its embeddings, final
+norm and tied output head, and {r["layers"]} decoder layer(s) instead of 5: {r["params"]:,} parameters.
+
+## How it was made
+
+1. Cut the target down to its first {r["layers"]} layer(s) (everything else kept as is).
+2. Distil: train the layer(s) and the final norm (the tied embedding/head stays frozen) to
+   match the target's next-token distribution, KL(p_target || q_draft), on the assistant
+   tokens of the target's training conversations (the same Shakespeare plays; the held-out
+   plays are never seen). A draft proposal is accepted with probability min(1, p/q), so the
+   expected acceptance per token is 1 - TV(p, q): the draft should imitate the target, not the text.
+3. AdamW, lr {r["lr"]} (cosine), {r["steps"]} steps of {r["batch_size"]} rows x {r["seq_len"]} tokens
+   ({r["tokens_seen"]:,} tokens), seed {r["seed"]}, {r["threads"]} CPU thread(s):
+   {r["train_seconds"]:.0f} s on a 2-core CPU shared with other jobs.
+
+Reproduce (needs the target built first; `make tiny-draft`):
+
+```
+{r["command"]}
+```
+
+## Acceptance (held-out plays, assistant tokens, {a["tokens"]:,} tokens of {a["conversations"]} conversations)
+
+| | greedy acceptance (draft argmax = target argmax) | sampled acceptance at temperature 1 (mean of 1 - TV(p, q)) | KL(p, q) in nats |
+|---|---|---|---|
+| first layer(s) of the target, before distillation | {b["greedy_agreement"]:.3f} | {b["sampled_acceptance"]:.3f} | {b["kl"]:.3f} |
+| this draft | {a["greedy_agreement"]:.3f} | {a["sampled_acceptance"]:.3f} | {a["kl"]:.3f} |
+
+These are per-token rates on teacher-forced text; the rate the engine reports on its own
+outputs (`engine.spec.stats.acceptance_rate`), and the speed-up it buys, are measured in
+notebook 09 and by `python -m nano_infer.bench.spec`. `eval.json` has the numbers above.
+"""
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.card_only:
+        result = json.loads((args.out / "eval.json").read_text())
+        (args.out / "README.md").write_text(model_card(result), encoding="utf-8")
+        return
     import functools
 
     import torch
@@ -88,8 +140,9 @@ def main(argv=None) -> None:
               "lr": args.lr, "seed": args.seed, "threads": args.threads,
               "heldout_before": before, "heldout_after": after,
               "train_seconds": round(stats["train_seconds"], 1), "tokens_seen": stats["tokens_seen"],
-              "history": stats["history"]}
+              "command": command_line(args), "history": stats["history"]}
     (args.out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "README.md").write_text(model_card(result), encoding="utf-8")
     print(f"saved to {args.out}", flush=True)
 
 

@@ -2,12 +2,12 @@
 for both proposers across the engine's configurations; the KV pool and prefix cache left
 clean; bad configurations refused."""
 import json
+import shutil
 
 import pytest
-from transformers import AutoTokenizer
 
 from engine_checks import assert_idle_and_blocks_free
-from model_factory import make_model_dir, make_tokenizer
+from model_factory import make_model_dir
 from nano_infer import LLM, SamplingParams
 from nano_infer.models.loader import TINY_MODEL_DIR
 from test_parity import GREEDY, prompts, reference
@@ -236,24 +236,48 @@ def test_bad_speculative_config_is_refused(config, words, qwen2_dir):
 
 
 def test_draft_with_another_vocabulary_or_tokenizer_is_refused(qwen2_dir, tmp_path):
-    small = make_tokenizer(tmp_path / "tok_small", vocab_size=500)
-    with pytest.raises(ValueError, match="vocab_size=.* differs"):
-        LLM(str(qwen2_dir), speculative_config={"method": "draft_model", "num_speculative_tokens": 2,
-                                                "model": str(make_model_dir("qwen2", tmp_path / "d1", small))})
-    swapped = tmp_path / "tok_swapped"  # the same tokens, two of them under each other's ids
-    make_tokenizer(swapped, vocab_size=600)
-    tj = json.loads((swapped / "tokenizer.json").read_text())
-    vocab = tj["model"]["vocab"]
-    a, b = sorted(vocab, key=vocab.get)[100:102]
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (swapped / "tokenizer.json").write_text(json.dumps(tj))
-    other = AutoTokenizer.from_pretrained(swapped)
-    assert len(other) == 600
+    def draft_like_target(name, change):
+        folder = tmp_path / name
+        shutil.copytree(qwen2_dir, folder)
+        change(folder)
+        return {"method": "draft_model", "num_speculative_tokens": 2, "model": str(folder)}
+
+    def bigger_vocab(folder):
+        config = json.loads((folder / "config.json").read_text())
+        config["vocab_size"] += 64
+        (folder / "config.json").write_text(json.dumps(config))
+
+    def swapped_ids(folder):  # the same tokens, two of them under each other's ids
+        tj = json.loads((folder / "tokenizer.json").read_text())
+        vocab = tj["model"]["vocab"]
+        a, b = sorted(vocab, key=vocab.get)[100:102]
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+        (folder / "tokenizer.json").write_text(json.dumps(tj))
+
+    with pytest.raises(ValueError, match="vocab_size=.* differs from the target's"):
+        LLM(str(qwen2_dir), speculative_config=draft_like_target("vocab", bigger_vocab))
     with pytest.raises(ValueError, match="tokenizer .* maps tokens to other ids"):
-        LLM(str(qwen2_dir), speculative_config={"method": "draft_model", "num_speculative_tokens": 2,
-                                                "model": str(make_model_dir("qwen2", tmp_path / "d2", other))})
+        LLM(str(qwen2_dir), speculative_config=draft_like_target("ids", swapped_ids))
 
 
 def test_speculation_needs_a_kv_cache(qwen2_dir):
     with pytest.raises(ValueError, match="kv_cache='paged' or 'contiguous'"):
         LLM(str(qwen2_dir), kv_cache="none", speculative_config=NGRAM)
+
+
+def test_spec_bench_reports_acceptance_and_speedup_from_its_rounds(qwen2_dir, tmp_path):
+    from nano_infer.bench import spec as spec_bench
+
+    results = spec_bench.run(requests=3, batches=(1, 3), batch1_requests=2, max_tokens=6, rounds=2,
+                             draft=qwen2_dir, model=str(qwen2_dir), block_size=4)
+    assert [(r["workload"], r["batch"], r["requests"]) for r in results] == [
+        ("edit", 1, 2), ("edit", 3, 3), ("chat", 1, 2), ("chat", 3, 3)]
+    for r in results:
+        assert len(r["rounds"]) == 2
+        for row in r["rounds"]:
+            assert row["speedup"] == pytest.approx(row["base_s"] / row["spec_s"])
+            assert row["accepted"] <= row["proposed"] and row["emitted"] == row["accepted"] + row["verifies"]
+        assert r["median"]["speedup"] == pytest.approx(sorted(x["speedup"] for x in r["rounds"])[0] / 2
+                                                       + sorted(x["speedup"] for x in r["rounds"])[1] / 2)
+    chat = [r for r in results if r["workload"] == "chat"]
+    assert all(r["median"]["acceptance_rate"] == 1.0 for r in chat)  # the target is its own draft

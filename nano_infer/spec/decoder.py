@@ -94,6 +94,7 @@ class SpeculativeDecoder:
                 return
             c.advance(token)
 
+    @torch.inference_mode()
     def accept(self, seq, logits: torch.Tensor) -> list[int]:
         """logits [1 + k, V]: the target after the last token and after each proposal. Returns the
         tokens to append: accepted proposals, then one corrected or bonus token."""

@@ -91,4 +91,5 @@ def agreement(draft, target, examples, limit: int = 32) -> dict:
         accept += torch.minimum(p, q).sum(-1).sum().item()
         kl += (p * (p.clamp_min(1e-30).log() - q.clamp_min(1e-30).log())).sum().item()
         n += int(m.sum())
-    return {"greedy_agreement": same / n, "sampled_acceptance": accept / n, "kl": kl / n, "tokens": int(n)}
+    return {"greedy_agreement": same / n, "sampled_acceptance": accept / n, "kl": kl / n, "tokens": int(n),
+            "conversations": min(limit, len(examples))}
