@@ -281,3 +281,16 @@ def test_spec_bench_reports_acceptance_and_speedup_from_its_rounds(qwen2_dir, tm
                                                        + sorted(x["speedup"] for x in r["rounds"])[1] / 2)
     chat = [r for r in results if r["workload"] == "chat"]
     assert all(r["median"]["acceptance_rate"] == 1.0 for r in chat)  # the target is its own draft
+
+
+def test_cli_takes_a_speculative_config(qwen2_dir, capsys):
+    from nano_infer.cli import main
+
+    args = ["generate", "To be, or not", "--model", str(qwen2_dir), "--max-tokens", "8", "--ignore-eos"]
+    assert main(args + ["--speculative-config", json.dumps(NGRAM)]) == 0
+    expected = LLM(str(qwen2_dir)).generate(["To be, or not"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert capsys.readouterr().out == expected[0].outputs[0].text + "\n"
+    assert main(args + ["--speculative-config", "{'method': 'ngram'}"]) == 2
+    assert "--speculative-config is not valid JSON" in capsys.readouterr().err
+    assert main(args + ["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}']) == 2
+    assert "method='eagle' is unknown" in capsys.readouterr().err
