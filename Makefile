@@ -10,7 +10,7 @@ GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup lab test test-unit test-notebooks test-book test-gpu notebooks book chromium bench tiny-model clean
+.PHONY: setup lab test test-unit test-notebooks test-book test-gpu notebooks book chromium bench tiny-model tiny-draft clean
 
 setup: $(STAMP)
 
@@ -65,6 +65,11 @@ bench: setup
 
 tiny-model: setup
 	$(PY) scripts/make_tiny_model.py
+	$(PY) scripts/make_draft_model.py
+
+# the draft for speculative decoding (chapter 09), distilled from the shipped model
+tiny-draft: setup
+	$(PY) scripts/make_draft_model.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

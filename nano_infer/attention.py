@@ -37,14 +37,16 @@ class SeqSlice:
 
 @dataclass
 class DecodeBatch:
-    """Decodes attended in one call: rows [start, end) of the packed step, one query token each,
-    sequences of similar context length, padded to the longest of them."""
+    """Decodes attended in one call: rows [start, end) of the packed step, `q_len` query tokens per
+    sequence (1 for a decode, 1 + proposals for a speculative verify), sequences of similar
+    context length, padded to the longest of them."""
 
     start: int
     end: int
     block_tables: torch.Tensor  # [B, ceil(longest context / block_size)] block ids, padded with block 0
     context_lens: torch.Tensor  # [B]
-    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] additive: 0 for a visible key, -inf past the context
+    mask: torch.Tensor  # [B, 1, q_len, max_blocks * block_size] additive: 0 for a visible key, -inf past the query's position
+    q_len: int = 1
 
 
 @dataclass
@@ -158,7 +160,7 @@ class AttentionBackend:
                 context_lens = torch.tensor([s.context_len], device=q.device)
                 o = self._blockwise(qs[None], k_blocks, v_blocks, s.block_table[None], context_lens, s.q_len, groups)[0]
             else:
-                if s.mask is None:  # additive, so it can be the first term of the scores' baddbmm
+                if s.mask is None or s.mask.shape[0] != groups * s.q_len:  # additive: the first term of the scores' baddbmm
                     visible = causal_mask(s.q_len, s.context_len, groups, q.device)
                     s.mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill_(~visible, float("-inf"))
                 if s.context_len == s.q_len:  # nothing cached before the chunk: its own K/V, no pool read
@@ -169,14 +171,16 @@ class AttentionBackend:
                 o = prefill_attention(qs, ks.transpose(0, 1), vs.transpose(0, 1), s.mask)
             out[s.q_start : s.q_start + s.q_len] = unfold_gqa(o, s.q_len)
         for d in meta.decodes:
-            qd = fold_gqa(q[d.start : d.end].unsqueeze(1), num_kv_heads)  # [B, KVH, G, D]
+            B = (d.end - d.start) // d.q_len
+            qd = fold_gqa(q[d.start : d.end].view(B, d.q_len, *q.shape[1:]), num_kv_heads)  # [B, KVH, G*q_len, D]
             if self.impl == "blockwise":
-                o = self._blockwise(qd, k_blocks, v_blocks, d.block_tables, d.context_lens, 1, groups)
+                o = self._blockwise(qd, k_blocks, v_blocks, d.block_tables, d.context_lens, d.q_len, groups)
             else:
-                kd, vd = (b.index_select(0, d.block_tables.view(-1)).view(d.end - d.start, -1, *k.shape[1:]).transpose(1, 2)
+                kd, vd = (b.index_select(0, d.block_tables.view(-1)).view(B, -1, *k.shape[1:]).transpose(1, 2)
                           for b in (k_blocks, v_blocks))  # [B, KVH, S, D]
-                o = sdpa(qd, kd, vd, d.mask)
-            out[d.start : d.end] = unfold_gqa(o, 1).squeeze(1)
+                mask = d.mask if d.q_len == 1 else d.mask.repeat(1, 1, groups, 1)  # rows are (group, query)
+                o = sdpa(qd, kd, vd, mask)
+            out[d.start : d.end] = unfold_gqa(o, d.q_len).reshape(d.end - d.start, *q.shape[1:])
         return out
 
     def _blockwise(self, q, k_blocks, v_blocks, block_tables, context_lens, q_len, groups):

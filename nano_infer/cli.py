@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -49,13 +50,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="ranks that each hold a shard of the model (worker processes here, or torchrun's ranks)")
+    p.add_argument("--speculative-config", default=None, help="JSON, as vLLM's: "
+                   '\'{"method": "ngram", "num_speculative_tokens": 4}\' or '
+                   '\'{"method": "draft_model", "model": "<dir or hub id>", "num_speculative_tokens": 3}\'')
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
+    spec = None
+    if args.speculative_config:
+        try:
+            spec = json.loads(args.speculative_config)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
     return dict(dtype=args.dtype, device=args.device, kv_cache=args.kv_cache, block_size=args.block_size,
                 prefix_cache=None if args.prefix_cache == "none" else args.prefix_cache,
                 attention=args.attention, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                tensor_parallel_size=args.tensor_parallel_size)
+                tensor_parallel_size=args.tensor_parallel_size, speculative_config=spec)
 
 
 def generate(args: argparse.Namespace) -> int:

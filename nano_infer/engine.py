@@ -9,7 +9,8 @@ Each knob of the curriculum is a constructor argument, so every notebook turns o
 on the same engine: `kv_cache` ("none" | "contiguous" | "paged"), `block_size`,
 `prefix_cache` (None | "hash" | "radix"), `attention` ("gather" | "blockwise"),
 `scheduler` ("continuous" | "static"), `scheduler_policy` ("fcfs" | "lpm"),
-`tensor_parallel_size` (worker processes, each with a shard of every layer).
+`tensor_parallel_size` (worker processes, each with a shard of every layer),
+`speculative_config` (vLLM's dict: n-gram prompt lookup or a draft model; see `spec/`).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from .sampling import sample, seeded_generator
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
+from .spec import DraftProposer, SpeculativeConfig, SpeculativeDecoder
 
 CPU_KV_BUDGET = 256 * 1024**2  # bytes of KV pool on CPU unless kv_cache_memory says otherwise
 
@@ -59,6 +61,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # ranks that each hold a shard of every layer (chapter 10)
     distributed_backend: str | None = None  # default: "nccl" on CUDA, "gloo" on CPU
     distributed_timeout: float = 300.0  # seconds a step (or start-up) waits for a rank before it fails
+    speculative_config: dict | None = None  # {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}
     constraint_limits: object = None  # constrained.ConstraintLimits; None: its defaults
 
 
@@ -108,6 +111,19 @@ class LLMEngine:
         self.vocab_size = self.hf_config.vocab_size
         self.kv_bytes_per_token = kv_bytes_per_token(
             self.hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim, self.dtype)
+        self.spec_config = SpeculativeConfig.parse(cfg.speculative_config)
+        draft = None
+        if self.spec_config is not None and self.tp:
+            raise ValueError("speculative_config with tensor_parallel_size > 1 is not supported: the draft model and "
+                             "the verify rows run on the driver only")
+        if self.spec_config is not None:
+            if cfg.kv_cache == "none":
+                raise ValueError("speculative_config verifies proposals against cached K/V: it needs kv_cache='paged' or 'contiguous'")
+            if self.spec_config.method == "draft_model":
+                draft = DraftProposer(self.spec_config.model, self.hf_config, self.tokenizer, self.device, self.dtype, self.max_model_len)
+                # the draft's K/V lives in blocks of the same ids: budget for both per token
+                self.kv_bytes_per_token += kv_bytes_per_token(
+                    draft.config.num_hidden_layers, draft.model.num_kv_heads, draft.model.head_dim, self.dtype)
         self.kv, self.kv_pool = self._make_kv_cache()
         pc = cfg.prefix_cache
         if pc == "auto":
@@ -117,13 +133,20 @@ class LLMEngine:
         self.prefix_cache = make_prefix_cache(pc, self.kv)
         if cfg.max_num_batched_tokens < 1 or cfg.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        self.spec = None
+        if self.spec_config is not None:
+            self.spec = SpeculativeDecoder(self.spec_config, self.kv, draft, self.max_model_len)
         self.scheduler = Scheduler(
             self.kv, self.prefix_cache, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens, policy=cfg.scheduler_policy,
-            mode=cfg.scheduler, chunked_prefill=cfg.enable_chunked_prefill)
+            mode=cfg.scheduler, chunked_prefill=cfg.enable_chunked_prefill,
+            lookahead=self.spec.lookahead if self.spec else None)
         block_size = self.kv.block_size if self.kv else 1
         self.executor = self._start_workers(launch, block_size) if self.tp else None
         self.runner = ModelRunner(self.model, self.kv_pool, cfg.attention, block_size, self.device, self.executor)
+        if draft is not None:
+            draft.make_pool(self.kv.num_blocks, self.kv.block_size, cfg.attention, self.device, self.dtype)
+            self.runner.draft = draft
         self.requests: dict[str, Request] = {}
         self.recorder = StepRecorder() if cfg.record_steps else None
         self.num_steps = 0
@@ -336,27 +359,35 @@ class LLMEngine:
             self.requests[seq.request_id].metrics.num_preemptions += 1
         if not out.scheduled:
             return []
-        scheduled = self.recorder.describe(out) if self.recorder else None
         copies = []
         if self.kv is not None:
             copies, self.kv.pending_copies = self.kv.pending_copies, []
+        if self.spec is not None:
+            self.runner.copy_blocks(copies)  # before a draft model writes into the copies
+            copies = []
+            out.scheduled = self.spec.propose(self.runner, out.scheduled)
+        scheduled = self.recorder.describe(out) if self.recorder else None
         logits = self.runner.run(out.scheduled, copies)
-        samplers = []
+        samplers, rows, verifies, row = [], [], [], 0
         for seq, n in out.scheduled:
+            if seq.spec_token_ids:  # a verify: one logit row per proposal, plus one
+                verifies.append((seq, row))
+                row += n
+                continue
             if seq.num_computed_tokens + n == len(seq):
                 samplers.append(seq)
+                rows.append(row)
+                row += 1
             seq.num_computed_tokens += n
-        rows = list(range(len(samplers)))
         for i, seq in enumerate(list(samplers)):
             req = self.requests[seq.request_id]
             if seq.num_pending_forks:
                 children = self._fork(req, seq)
                 samplers += children
-                rows += [i] * len(children)
-        if len(rows) != logits.shape[0]:
-            logits = logits[rows]
-        tokens = self._sample(logits, samplers)
-        logprobs = self._logprobs(logits, samplers, tokens)
+                rows += [rows[i]] * len(children)
+        sample_logits = logits[rows]
+        tokens = self._sample(sample_logits, samplers) if samplers else []
+        logprobs = self._logprobs(sample_logits, samplers, tokens)
         now = time.perf_counter()
         touched = {}
         for i, (seq, token) in enumerate(zip(samplers, tokens)):
@@ -371,6 +402,14 @@ class LLMEngine:
                 self._append_token(seq, token, now)
                 self.num_generated_tokens += 1
             except Exception as e:  # noqa: BLE001 - this request fails; the step goes on for the others
+                self._fail(req, e)
+        for seq, row in verifies:
+            req = touched[seq.request_id] = self.requests[seq.request_id]
+            if seq.is_finished:
+                continue
+            try:
+                self._append_verified(seq, logits[row : row + 1 + len(seq.spec_token_ids)], now)
+            except Exception as e:  # noqa: BLE001
                 self._fail(req, e)
         if self.prefix_cache is not None:
             for seq, _ in out.scheduled:
@@ -390,6 +429,19 @@ class LLMEngine:
                 req.metrics.finished_time = now
                 del self.requests[req.request_id]
         return outputs
+
+    def _append_verified(self, seq: Sequence, logits: torch.Tensor, now: float) -> None:
+        """Append what verification accepted, one token at a time (each may finish the request),
+        then give back the KV slots of the rejected proposals."""
+        tokens = self.spec.accept(seq, logits)
+        self.spec.clear(seq)
+        for token in tokens:
+            seq.num_computed_tokens = len(seq)  # K/V of every token so far is computed and accepted
+            self._append_token(seq, token, now)
+            self.num_generated_tokens += 1
+            if seq.is_finished:
+                return
+        self.spec.rollback(seq, seq.num_computed_tokens)
 
     def _sample(self, logits: torch.Tensor, samplers: list[Sequence]) -> list[int | Exception]:
         """One token per row. If the batched draw raises, each row is drawn alone, so the error

@@ -63,8 +63,10 @@ class StepRecorder:
 
     @staticmethod
     def describe(out) -> list[tuple[str, int, int, str]]:
-        """Call before the step runs: a decode computes the K/V of a generated token."""
-        return [(s.request_id, s.index, n, "decode" if n == 1 and s.num_computed_tokens >= s.num_prompt_tokens else "prefill")
+        """Call before the step runs: a decode computes the K/V of a generated token (and, with
+        speculative decoding, of the tokens proposed after it)."""
+        return [(s.request_id, s.index, n,
+                 "decode" if n == 1 + len(s.spec_token_ids) and s.num_computed_tokens >= s.num_prompt_tokens else "prefill")
                 for s, n in out.scheduled]
 
     def record(self, engine, out, scheduled: list, start: float) -> None:

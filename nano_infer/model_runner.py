@@ -8,6 +8,11 @@ token; a prefill chunk in the middle of a prompt produces no logits.
 A step is packed in two stages: `pack` turns the scheduled sequences into a `StepInput` of
 plain lists (what a tensor-parallel driver sends its workers), `build` turns that into the
 tensors the model reads. Every rank runs `execute` on the same StepInput.
+
+Speculative decoding: a sequence's proposed tokens (`seq.spec_token_ids`) follow its known
+tokens, and a verify step computes the last known token plus all proposals in one pass, with
+a logit row for each (the target's distribution after every proposed prefix). Verify rows are
+batched like decodes (several query tokens each), grouped by how many tokens they verify.
 """
 from __future__ import annotations
 
@@ -33,8 +38,9 @@ class StepInput:
     positions: list[int]
     slot_mapping: list[int] | None  # None without a KV cache
     prefills: list[tuple[int, int, int, list[int] | None]]  # (q_start, q_len, context_len, block_table)
-    decodes: list[tuple[int, list[list[int]], list[int]]]  # (first row, block tables padded, context lens)
-    sample_rows: list[int]  # rows whose logits are sampled, in scheduled order
+    # (first row, block tables padded, context lens, query tokens per sequence: 1, or 1 + proposals for a verify)
+    decodes: list[tuple[int, list[list[int]], list[int], int]]
+    sample_rows: list[int]  # rows whose logits are returned, in scheduled order (every row of a verify)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks, before the step
 
 
@@ -48,47 +54,65 @@ class ModelRunner:
         self.backend = AttentionBackend("dense" if kv_pool is None else attention, kv_pool.tensor if kv_pool else None)
         self.decode_batch = CPU_DECODE_BATCH if device.type == "cpu" else 1 << 16
         self.num_forward_tokens = 0  # tokens pushed through the model so far (prefill work done)
+        self.draft = None  # spec.DraftProposer when a draft model proposes tokens
 
     def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
         bs, table = self.block_size, seq.block_table
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
-    def prepare(self, scheduled: list[tuple[Sequence, int]]):
-        """(ids, positions, AttentionMetadata, sample_rows) of the step: `build(pack(scheduled))`."""
-        step = self.pack(scheduled)
+    def prepare(self, scheduled: list[tuple[Sequence, int]], offset: int = 0):
+        """(ids, positions, AttentionMetadata, logit rows) of the step: `build(pack(scheduled))`."""
+        step = self.pack(scheduled, offset=offset)
         ids, pos, meta = self.build(step)
         return ids, pos, meta, step.sample_rows
 
-    def pack(self, scheduled: list[tuple[Sequence, int]], copies: list[tuple[int, int]] | None = None) -> StepInput:
-        """Decodes come first, sorted by context length, so every decode batch is one contiguous run
-        of rows; prefill chunks follow. Logit rows are listed in `scheduled` order."""
+    def pack(self, scheduled: list[tuple[Sequence, int]], copies: list[tuple[int, int]] | None = None,
+             offset: int = 0) -> StepInput:
+        """Decodes (and verify rows) come first, grouped by query length and sorted by context length,
+        so every decode batch is one contiguous run of rows; prefill chunks follow. Logit rows are
+        listed in `scheduled` order: the last row of a sequence that reaches its last known token,
+        every row of a verify. `offset` starts each sequence that many tokens past
+        `num_computed_tokens` (a draft model's k-th proposal pass)."""
         cached = self.kv_pool is not None
-        decodes = sorted((i for i, (_, n) in enumerate(scheduled) if n == 1 and cached),
-                         key=lambda i: scheduled[i][0].num_computed_tokens)
+        decodes = sorted((i for i, (seq, n) in enumerate(scheduled) if cached and (n == 1 or n == 1 + len(seq.spec_token_ids))),
+                         key=lambda i: (scheduled[i][1], scheduled[i][0].num_computed_tokens))
         is_decode = set(decodes)
-        input_ids, positions, slot_mapping, prefills, last_row = [], [], [], [], {}
+        input_ids, positions, slot_mapping, prefills, rows = [], [], [], [], {}
         for i in decodes + [i for i in range(len(scheduled)) if i not in is_decode]:
             seq, n = scheduled[i]
-            start = seq.num_computed_tokens
+            start = seq.num_computed_tokens + offset
+            known = seq.token_ids + seq.spec_token_ids if seq.spec_token_ids else seq.token_ids
             q_start = len(input_ids)
-            input_ids += seq.token_ids[start : start + n]
+            input_ids += known[start : start + n]
             positions += range(start, start + n)
             if cached:
                 slot_mapping += self._slots(seq, start, start + n)
             if i not in is_decode:
                 num_blocks = -(-(start + n) // self.block_size)
                 prefills.append((q_start, n, start + n, seq.block_table[:num_blocks] if cached else None))
-            last_row[i] = q_start + n - 1
-        sample_rows = [last_row[i] for i, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == len(seq)]
-        seqs = [scheduled[i][0] for i in decodes]
-        decode_batches = []
-        for start in range(0, len(seqs), self.decode_batch):
-            batch = seqs[start : start + self.decode_batch]
-            width = -(-(batch[-1].num_computed_tokens + 1) // self.block_size)  # the longest is last
-            decode_batches.append((start, [(s.block_table + [0] * width)[:width] for s in batch],
-                                   [s.num_computed_tokens + 1 for s in batch]))
-        return StepInput(input_ids, positions, slot_mapping if cached else None, prefills, decode_batches,
-                         sample_rows, copies or [])
+            if start + n == len(known):
+                num_rows = min(n, 1 + len(seq.spec_token_ids))
+                rows[i] = range(q_start + n - num_rows, q_start + n)
+        sample_rows = [r for i in range(len(scheduled)) for r in rows.get(i, ())]
+        return StepInput(input_ids, positions, slot_mapping if cached else None, prefills,
+                         self._decode_batches([scheduled[i] for i in decodes], offset), sample_rows, copies or [])
+
+    def _decode_batches(self, scheduled: list[tuple[Sequence, int]], offset: int) -> list:
+        """`scheduled` (grouped by query length, sorted by context length) cut into batches of at most
+        `decode_batch` rows of one query length, each padded to its own longest."""
+        batches, row, i = [], 0, 0
+        while i < len(scheduled):
+            q_len = scheduled[i][1]
+            j = i
+            while j < len(scheduled) and j - i < self.decode_batch and scheduled[j][1] == q_len:
+                j += 1
+            batch = [seq for seq, _ in scheduled[i:j]]
+            width = -(-(batch[-1].num_computed_tokens + offset + q_len) // self.block_size)  # the longest is last
+            batches.append((row, [(s.block_table + [0] * width)[:width] for s in batch],
+                            [s.num_computed_tokens + offset + q_len for s in batch], q_len))
+            row += len(batch) * q_len
+            i = j
+        return batches
 
     def build(self, step: StepInput):
         """(ids, positions, AttentionMetadata) on this rank's device; decode block tables and masks are
@@ -100,31 +124,44 @@ class ModelRunner:
                       for q_start, q_len, context_len, table in step.prefills],
             block_size=bs,
         )
-        for start, tables, lens in step.decodes:
+        for start, tables, lens, q_len in step.decodes:
             context_lens = torch.tensor(lens, device=dev)
             tables = torch.tensor(tables, device=dev)
-            hidden = torch.arange(tables.shape[1] * bs, device=dev) >= context_lens[:, None]
+            # query i of a row sits at position context_len - q_len + i and sees keys up to it
+            q_pos = context_lens[:, None] - q_len + torch.arange(q_len, device=dev)
+            hidden = torch.arange(tables.shape[1] * bs, device=dev) > q_pos[:, :, None]
             mask = torch.zeros(hidden.shape, dtype=self.kv_pool.dtype, device=dev).masked_fill_(hidden, float("-inf"))
-            meta.decodes.append(DecodeBatch(start, start + len(lens), tables, context_lens, mask.view(len(lens), 1, 1, -1)))
+            meta.decodes.append(DecodeBatch(start, start + len(lens) * q_len, tables, context_lens,
+                                            mask.view(len(lens), 1, q_len, -1), q_len))
         return torch.tensor(step.input_ids, device=dev), torch.tensor(step.positions, device=dev), meta
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write in every KV pool that is indexed by the block tables (the draft's too)."""
+        if copies:
+            self.kv_pool.copy_blocks(copies)
+            if self.draft is not None:
+                self.draft.kv_pool.copy_blocks(copies)
+
     @torch.inference_mode()
-    def run(self, scheduled: list[tuple[Sequence, int]], copies: list[tuple[int, int]]) -> torch.Tensor:
-        """Logits [rows that sample, vocab] in float32. With tensor parallelism the executor first sends
-        the step to every worker, which runs `execute` on it in lockstep."""
-        step = self.pack(scheduled, copies)
+    def run(self, scheduled: list[tuple[Sequence, int]], copies: list[tuple[int, int]] = ()) -> torch.Tensor:
+        """Logits [rows, vocab] in float32 for the rows `pack` names, in scheduled order. With tensor
+        parallelism the executor first sends the step to every worker, which runs `execute` on it in
+        lockstep."""
+        step = self.pack(scheduled, list(copies))
         if self.executor is not None:
             return self.executor.run(step, self.execute)
         return self.execute(step)
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor | None:
-        """Copy-on-write, forward, logits of the sampled rows (None on a tensor-parallel worker)."""
-        if step.copies:
-            self.kv_pool.copy_blocks(step.copies)
+        """Copy-on-write, forward, logits of the listed rows (None on a tensor-parallel worker). A draft
+        model runs the same packed step, so its KV pool holds K/V wherever the target's does."""
+        self.copy_blocks(step.copies)
         ids, pos, meta = self.build(step)
         self.backend.meta = meta
         hidden = self.model(ids, pos, self.backend)
+        if self.draft is not None:
+            self.draft.mirror(ids, pos, meta)
         self.num_forward_tokens += len(ids)
         logits = self.model.compute_logits(hidden[step.sample_rows])
         return None if logits is None else logits.float()

@@ -13,6 +13,10 @@ budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`):
    and running requests never stall behind a long prompt. (With chunked prefill off, a
    prompt longer than the budget still runs, alone in its step.)
 
+With speculative decoding (`lookahead`), a decoding sequence asks for 1 + k tokens: its last
+token and k proposals verified in the same pass. They count against the budget and get KV
+slots like any other tokens; if the pool cannot hold them, the sequence decodes one token.
+
 `policy="lpm"` orders the queue by longest prefix-cache match first (SGLang's default; up to
 LPM_MAX_QUEUE waiting requests); `"fcfs"` keeps arrival order. `mode="static"` is the
 baseline: admit a batch only when the previous one has completely finished.
@@ -42,7 +46,7 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv, prefix_cache, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: str = "fcfs", mode: str = "continuous", chunked_prefill: bool = True):
+                 policy: str = "fcfs", mode: str = "continuous", chunked_prefill: bool = True, lookahead=None):
         if policy not in ("fcfs", "lpm"):
             raise ValueError(f"scheduler_policy={policy!r} is invalid: use 'fcfs' or 'lpm'")
         if mode not in ("continuous", "static"):
@@ -56,6 +60,7 @@ class Scheduler:
         self.policy = policy
         self.mode = mode
         self.chunked_prefill = chunked_prefill and kv is not None
+        self.lookahead = lookahead  # seq -> proposal slots to reserve (speculative decoding), or None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -86,6 +91,10 @@ class Scheduler:
             n = self._tokens_for(seq, budget)
             if n > budget and out.scheduled:
                 break
+            if self.lookahead is not None and n == 1:
+                n += min(self.lookahead(seq), budget - 1)
+                if not self.kv.can_allocate(seq, n):
+                    n = 1
             if self.kv is not None:
                 while not self.kv.can_allocate(seq, n):
                     victim = self.running.pop()  # the most recently admitted

@@ -40,6 +40,10 @@ class Sequence:
     # n > 1 on a paged cache: samples that fork off this sequence once its prompt is computed
     # (they share its blocks); the scheduler keeps a seat for each from admission on
     num_pending_forks: int = 0
+    # speculative decoding: tokens proposed for this step (verified, then cleared), and the draft
+    # model's distribution for each when the request samples (None: a point mass on the token)
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_draft_probs: list = field(default_factory=list)
 
     def __post_init__(self):
         if not self.token_ids:

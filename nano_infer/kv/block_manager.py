@@ -134,6 +134,16 @@ class BlockManager:
             self.decref(block, seq)
         seq.block_table = []
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Speculative rollback: keep the blocks of the first `num_tokens` positions, release the rest.
+
+        The blocks dropped were allocated for proposals this step; no prefix cache holds them,
+        because the cache only takes full blocks of computed (accepted) tokens.
+        """
+        keep = -(-num_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            self.decref(seq.block_table.pop(), seq)
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child reads the parent's blocks; the first write into a shared one copies it."""
         child.block_table = list(parent.block_table)

@@ -40,6 +40,9 @@ class ContiguousKVCache:
             self.ref_count[block] = 1
             seq.block_table = [block]
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Speculative rollback: the one block spans the whole context, so there is nothing to give back."""
+
     def free(self, seq: Sequence) -> None:
         for block in seq.block_table:
             self.ref_count[block] = 0

@@ -1,0 +1,150 @@
+"""Speculative decoding: acceptance rate and speed-up against the same engine without it.
+
+    python -m nano_infer.bench.spec               # shipped model + its draft, batch 1 and 32, 3 rounds
+    python -m nano_infer.bench.spec --quick       # a smoke run
+
+Two workloads, each at batch 1 (requests one after another, like a single user) and at
+batch 32 (all submitted at once):
+- `edit` + n-gram prompt lookup: each request hands the model a passage and asks for it back
+  with a change; an answer that quotes its prompt is where lookup finds its proposals;
+- `chat` + the draft model: free chat turns (held-out conversations shipped with the tiny model).
+Greedy decoding, so both engines produce the same tokens (checked) and do the same work.
+The engines take turns within each round, the order rotating; the speed-up is the ratio of the
+two wall times in the same round, and the report gives medians over rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from ..models.loader import TINY_MODEL_DIR
+from ..sampling_params import SamplingParams
+
+DRAFT_DIR = TINY_MODEL_DIR.parent / "tiny_draft"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+EDIT_TASK = "Say this again, word for word, but in plain modern English:\n"
+
+
+def heldout_conversations(model_dir: Path = TINY_MODEL_DIR) -> list[dict]:
+    lines = (model_dir / "heldout_sample.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def chat_prompts(n: int) -> list[list[dict]]:
+    """The opening turn (system + first user turn) of held-out conversations."""
+    convs = heldout_conversations()
+    return [convs[i % len(convs)]["messages"][:2] for i in range(n)]
+
+
+def edit_prompts(n: int) -> list[list[dict]]:
+    """A passage to give back changed: the first assistant speech of a held-out conversation."""
+    convs = heldout_conversations()
+    out = []
+    for i in range(n):
+        messages = convs[i % len(convs)]["messages"]
+        passage = next(m["content"] for m in messages if m["role"] == "assistant")[:400]
+        out.append([messages[0], {"role": "user", "content": EDIT_TASK + passage}])
+    return out
+
+
+def run_once(llm, prompt_ids: list[list[int]], params: SamplingParams, batch: int):
+    """Generate for every prompt, `batch` requests at a time. Returns (seconds, outputs, spec stats)."""
+    engine = llm.engine
+    before = None
+    if engine.spec is not None:
+        s = engine.spec.stats
+        before = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, s.num_emitted_tokens)
+    t0 = time.perf_counter()
+    outs = []
+    for i in range(0, len(prompt_ids), batch):
+        outs += llm.generate(prompt_token_ids=prompt_ids[i : i + batch], sampling_params=params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    if engine.prefix_cache is not None:  # every round starts cold: no engine gets the other's cache hits
+        engine.prefix_cache.clear()
+    stats = None
+    if before is not None:
+        s = engine.spec.stats
+        drafts, proposed, accepted, emitted = (a - b for a, b in zip(
+            (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, s.num_emitted_tokens), before))
+        stats = {"verifies": drafts, "proposed": proposed, "accepted": accepted, "emitted": emitted,
+                 "acceptance_rate": accepted / proposed if proposed else 0.0,
+                 "tokens_per_verify": emitted / drafts if drafts else 0.0}
+    return seconds, [o.outputs[0].token_ids for o in outs], stats
+
+
+def measure(base, spec, prompt_ids, params, batch: int, rounds: int) -> dict:
+    """Interleaved A/B rounds on the same prompts; per-round speed-up, medians."""
+    rows = []
+    for r in range(rounds):
+        order = [("base", base), ("spec", spec)] if r % 2 == 0 else [("spec", spec), ("base", base)]
+        got = {}
+        for name, llm in order:
+            got[name] = run_once(llm, prompt_ids, params, batch)
+        (t_base, out_base, _), (t_spec, out_spec, stats) = got["base"], got["spec"]
+        if out_base != out_spec:
+            raise AssertionError("speculative greedy output differs from plain decoding")
+        tokens = sum(len(o) for o in out_base)
+        rows.append({"tokens": tokens, "base_s": t_base, "spec_s": t_spec, "speedup": t_base / t_spec,
+                     "base_tok_s": tokens / t_base, "spec_tok_s": tokens / t_spec, **stats})
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    return {"batch": batch, "rounds": rows, "median": med}
+
+
+def run(workloads=("edit", "chat"), batches=(1, 32), requests: int = 32, batch1_requests: int = 4,
+        max_tokens: int = 64, rounds: int = 3, draft: str | Path = DRAFT_DIR, draft_k: int = 3,
+        ngram: dict | None = None, **engine_options) -> list[dict]:
+    """Every (workload, batch) pair: base vs speculative engine. Returns one dict per pair."""
+    from ..llm import LLM
+
+    base = LLM(**engine_options)
+    methods = {"edit": ("ngram", ngram or NGRAM),
+               "chat": ("draft_model", {"method": "draft_model", "model": str(draft), "num_speculative_tokens": draft_k})}
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    results = []
+    for workload in workloads:
+        method, config = methods[workload]
+        spec = LLM(speculative_config=config, **engine_options)
+        prompts = (edit_prompts if workload == "edit" else chat_prompts)(requests)
+        ids = [base.apply_chat_template(m) for m in prompts]
+        for batch in batches:
+            sub = ids if batch > 1 else ids[:batch1_requests]
+            r = measure(base, spec, sub, params, batch, rounds)
+            results.append({"workload": workload, "method": method, "config": config, "requests": len(sub), **r})
+            print(format_row(results[-1]), flush=True)
+    return results
+
+
+def format_row(r: dict) -> str:
+    m = r["median"]
+    return (f"{r['workload']:>5} {r['method']:>11} batch {r['batch']:>3}: acceptance {m['acceptance_rate']:.2f}, "
+            f"{m['tokens_per_verify']:.2f} tokens/verify, {m['base_tok_s']:7.1f} -> {m['spec_tok_s']:7.1f} tok/s, "
+            f"speed-up {m['speedup']:.2f}x (rounds {min(x['speedup'] for x in r['rounds']):.2f}-"
+            f"{max(x['speedup'] for x in r['rounds']):.2f})")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m nano_infer.bench.spec", description=__doc__.split("\n")[0])
+    p.add_argument("--model", help="target checkpoint (default: the shipped model)")
+    p.add_argument("--draft", default=str(DRAFT_DIR), help="draft checkpoint (default: the shipped draft)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--quick", action="store_true", help="4 requests, 16 tokens, 1 round")
+    p.add_argument("--out", default="bench_results")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.rounds, a.requests, a.max_tokens = 1, 4, 16
+    results = run(requests=a.requests, batches=(1, a.requests), batch1_requests=min(4, a.requests),
+                  max_tokens=a.max_tokens, rounds=a.rounds, draft=a.draft, model=a.model)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"spec-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(results, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
