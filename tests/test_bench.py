@@ -153,7 +153,7 @@ def test_step_profile_accounts_for_the_step(qwen2_dir):
     from nano_infer.bench.profile import fill, step_breakdown
     from nano_infer.model_runner import ModelRunner
 
-    engine = LLMEngine(str(qwen2_dir))
+    engine = LLMEngine(str(qwen2_dir), dtype="float32")
     fill(engine, num_seqs=3, context=20)
     assert all(s.num_computed_tokens >= 20 for s in engine.scheduler.running) and not engine.scheduler.waiting
     per_step, pieces = step_breakdown(engine, steps=3)
