@@ -55,6 +55,8 @@ def parse_args(argv=None):
                         "(random weights, built offline), a checkpoint folder or a .gguf file")
     p.add_argument("--requests", type=int, nargs="+", help="request counts (default: per model, see PRESETS)")
     p.add_argument("--rounds", type=int, help="rounds per workload, medians reported (default: per model, see PRESETS)")
+    p.add_argument("--prompt-len", type=int, nargs=2, metavar=("MIN", "MAX"), help="prompt lengths (default: per model)")
+    p.add_argument("--output-len", type=int, nargs=2, metavar=("MIN", "MAX"), help="output lengths (default: per model)")
     p.add_argument("--dtype", nargs="+", help="dtypes to run, each for both engines (default: per model, "
                    f"see PRESETS: {' and '.join(DTYPES)}); 'auto' is the engine's own choice")
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
@@ -182,17 +184,18 @@ def main(argv=None) -> dict:
         report["transformers"] = transformers.__version__
     except ImportError:
         pass
-    for name in args.model:
-        folder, preset_name = model_folder(name)
-        preset = PRESETS["quick" if args.quick else preset_name]
-        for dtype in args.dtype or preset["dtypes"]:
-            report["models"].append(run_model(args, name, folder, preset, dtype, report))
-    report["summary"] = summarize(report["models"])
-    print(f"\n== summary (dtype='auto' here is {auto})", *report["summary"], sep="\n")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(report, indent=1))
+    for name in args.model:
+        folder, preset_name = model_folder(name)
+        preset = dict(PRESETS["quick" if args.quick else preset_name])
+        preset.update({k: tuple(getattr(args, k)) for k in ("prompt_len", "output_len") if getattr(args, k)})
+        for dtype in args.dtype or preset["dtypes"]:
+            report["models"].append(run_model(args, name, folder, preset, dtype, report))
+            report["summary"] = summarize(report["models"])
+            path.write_text(json.dumps(report, indent=1))  # after each model and dtype: a long run keeps what it did
+    print(f"\n== summary (dtype='auto' here is {auto})", *report["summary"], sep="\n")
     print(f"\nwrote {path}")
     return report
 
