@@ -26,11 +26,13 @@ ready list at once, which can corrupt them. `loop.call_soon_threadsafe(queue.put
 item)` instead hands the call to the loop and writes a byte to the loop's self-pipe, which
 wakes `select()`; the put then runs on the loop's own thread.
 
-The engine thread also does all tokenizing (prompts, chat templates), so the tokenizer is
-never used to encode from two threads at once. One job runs elsewhere: compiling a
-constrained request's regex into a token index can take seconds, so `generate` does it on
-a worker thread first (`LLMEngine.prepare_constraint`; the index cache takes a lock), and
-the engine thread then finds it cached.
+Nothing slow in a request's preparation runs on the engine thread, where it would pause every
+stream. Tokenizing (a prompt, a chat template) runs on a tokenizer thread of its own, after a
+character bound has refused any text too long to fit the model (`LLMEngine.encode`).
+Compiling a constrained request's regex or JSON Schema into a token index can take seconds or,
+for a hostile schema, forever: it runs in worker processes that are killed past a time limit
+or when the client leaves (`constrained.compile_pool`). The engine thread receives token ids
+and a compiled index, and only queues the request.
 """
 from __future__ import annotations
 
@@ -39,9 +41,10 @@ import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .engine import LLMEngine
+from .engine import LLMEngine, check_utf8
 from .llm import LLM
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
@@ -59,10 +62,14 @@ class _Stream:
 
 
 class AsyncLLM:
-    def __init__(self, model: str | None = None, engine: LLMEngine | None = None, **engine_options):
+    def __init__(self, model: str | None = None, engine: LLMEngine | None = None, compile_workers: int = 1,
+                 **engine_options):
         self.engine = engine if engine is not None else LLMEngine(model, **engine_options)
         self.tokenizer = self.engine.tokenizer
         self.model_name = self.engine.model_name
+        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="nano_infer-tokenize")
+        self._compile_workers = compile_workers
+        self._compile_pool = None  # started by the first constrained request
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, _Stream] = {}  # accepted requests; engine thread only
         self._lock = threading.Lock()  # orders shutdown against new requests
@@ -88,11 +95,14 @@ class AsyncLLM:
         Bad input raises ValueError at the first iteration. Leaving the loop early (break,
         cancellation, a disconnected client) aborts the request and frees its KV blocks.
         """
+        if self._closed:
+            raise RuntimeError("AsyncLLM is shut down")
         params = params or SamplingParams()
-        if params.constrained:  # compile its token index off the engine thread (seconds for a big schema)
-            await asyncio.to_thread(self.engine.prepare_constraint, params)
-        s = _Stream(request_id or uuid.uuid4().hex, asyncio.get_running_loop())
-        self._send(("add", s, prompt, params, stream))
+        loop = asyncio.get_running_loop()
+        token_ids = await loop.run_in_executor(self._tokenizer_thread, self._prompt_ids, prompt)
+        index = await self._constraint_index(params) if params.constrained else None
+        s = _Stream(request_id or uuid.uuid4().hex, loop)
+        self._send(("add", s, prompt if isinstance(prompt, str) else None, token_ids, params, stream, index))
         deltas = _Deltas(params)
         done = False
         try:
@@ -112,6 +122,40 @@ class AsyncLLM:
             if not done:
                 self._send(("abort", s))
 
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.engine.encode(prompt)
+        if not isinstance(prompt, list) or not prompt:
+            raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
+        if not isinstance(prompt[0], dict):
+            return prompt
+        contents = [m["content"] for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str)]
+        for content in contents:
+            check_utf8(content, "a message")
+        chars = sum(map(len, contents))
+        if chars > self.engine.max_prompt_chars:
+            raise ValueError(f"messages have {chars:,} characters: more than max_model_len={self.engine.max_model_len} "
+                             f"tokens can hold (at most {self.engine.max_prompt_chars:,} characters)")
+        return self.apply_chat_template(prompt)
+
+    async def precompile(self, params: SamplingParams) -> None:
+        """Compile a constraint ahead of the requests that will use it, with no time limit (the
+        operator's own): `nano-infer serve` does so for `response_format: json_object`, whose
+        regex takes several seconds. A request for it meanwhile waits for this compile."""
+        await self._constraint_index(params, trusted=True)
+
+    async def _constraint_index(self, params: SamplingParams, trusted: bool = False):
+        if self._compile_pool is None:
+            from .constrained import ConstraintLimits
+            from .constrained.compile_pool import CompilePool
+
+            vocab = await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, lambda: self.engine.vocabulary)
+            with self._lock:
+                if self._compile_pool is None:
+                    limits = self.engine.config.constraint_limits or ConstraintLimits()
+                    self._compile_pool = CompilePool(vocab, limits, workers=self._compile_workers)
+        return await self._compile_pool.index(params, trusted)
+
     def _send(self, message) -> None:
         with self._lock:
             if not self._closed:
@@ -126,6 +170,9 @@ class AsyncLLM:
                 self._closed = True
                 self._inbox.put(_STOP)
         self._thread.join(timeout)
+        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+        if self._compile_pool is not None:
+            self._compile_pool.close()
 
     # -- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -168,15 +215,10 @@ class AsyncLLM:
                 del self._streams[s.request_id]
                 self.engine.abort_request(s.request_id)
             return
-        prompt, params, stream = args
+        prompt, token_ids, params, stream, index = args
         try:
-            if isinstance(prompt, str):
-                self.engine.add_request(s.request_id, prompt, params, stream=stream)
-            else:
-                if not isinstance(prompt, list) or not prompt:
-                    raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
-                token_ids = self.apply_chat_template(prompt) if isinstance(prompt[0], dict) else prompt
-                self.engine.add_request(s.request_id, None, params, prompt_token_ids=token_ids, stream=stream)
+            self.engine.add_request(s.request_id, prompt, params, prompt_token_ids=token_ids, stream=stream,
+                                    constraint_index=index)
         except Exception as e:  # noqa: BLE001 - bad input goes back to its caller only
             self._push(s, e)
         else:
@@ -188,7 +230,9 @@ class AsyncLLM:
             return
         if out.finished:
             del self._streams[out.request_id]
-        if not self._push(s, out) and not out.finished:  # its event loop is gone
+        if out.error is not None:
+            self._push(s, out.error)
+        elif not self._push(s, out) and not out.finished:  # its event loop is gone
             del self._streams[out.request_id]
             self.engine.abort_request(out.request_id)
 
@@ -233,7 +277,8 @@ class _Deltas:
             upto = len(o.text) if o.finished else max(chars, len(o.text) - self.holdback)
             if upto == chars and len(o.token_ids) == tokens and not o.finished:
                 continue
-            deltas.append(CompletionOutput(o.index, o.text[chars:upto], o.token_ids[tokens:], o.finish_reason, o.stop_reason))
+            deltas.append(CompletionOutput(o.index, o.text[chars:upto], o.token_ids[tokens:], o.finish_reason, o.stop_reason,
+                                           None if o.logprobs is None else o.logprobs[tokens:]))
             self.sent_chars[o.index], self.sent_tokens[o.index] = upto, len(o.token_ids)
             if o.finished:
                 self.finished.add(o.index)

@@ -5,7 +5,15 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
+import threading
+
+from .constrained.limits import ConstraintLimits
+from .protocol import JSON_OBJECT
+from .sampling_params import SamplingParams
+from .server import MAX_BODY_BYTES
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -14,7 +22,17 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="serve the OpenAI API (/v1/completions, /v1/chat/completions, ...)")
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: --model)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the name clients pass as `model` (default: the hub id, or the model folder's name)")
+    p.add_argument("--api-key", default=os.environ.get("NANO_INFER_API_KEY"),
+                   help="require 'Authorization: Bearer <key>' on /v1/* (default: $NANO_INFER_API_KEY, else none)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header is NAME (bound to localhost, only localhost "
+                        "names are answered, against DNS rebinding; repeatable)")
+    p.add_argument("--max-request-bytes", type=int, default=MAX_BODY_BYTES,
+                   help="larger request bodies get 413 (default: %(default)s)")
+    p.add_argument("--constraint-timeout", type=float, default=ConstraintLimits.timeout,
+                   help="seconds a JSON Schema/regex may take to compile before the request gets 400 (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_args(p)
     p.set_defaults(func=serve)
@@ -27,12 +45,17 @@ def serve(args: argparse.Namespace) -> int:
     from .server import run_server
 
     try:
-        llm = AsyncLLM(args.model, **engine_kwargs(args))
+        llm = AsyncLLM(args.model, constraint_limits=ConstraintLimits(timeout=args.constraint_timeout),
+                       **engine_kwargs(args))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # json_object's regex takes seconds to compile: do it now, so that no request waits for it past its time limit
+    warm = SamplingParams(json_schema=JSON_OBJECT)
+    threading.Thread(target=asyncio.run, args=(llm.precompile(warm),), name="nano_infer-warm", daemon=True).start()
     try:
-        run_server(llm, args.host, args.port, args.served_model_name, args.log_level)
+        run_server(llm, args.host, args.port, args.served_model_name, args.log_level, args.api_key,
+                   tuple(args.allowed_host), args.max_request_bytes)
     finally:
         llm.shutdown()
     return 0

@@ -12,6 +12,7 @@ on the same engine: `kv_cache` ("none" | "contiguous" | "paged"), `block_size`,
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -25,9 +26,9 @@ from .kv.paged import kv_bytes_per_token, num_blocks_for_budget
 from .memory import StepRecorder
 from .model_runner import ModelRunner
 from .models.loader import default_model, load_config, load_model, pick_dtype, resolve_model
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .prefix import make_prefix_cache
-from .sampling import sample
+from .sampling import sample, seeded_generator
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
@@ -62,6 +63,16 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     log_blocks: bool = False
     record_steps: bool = False
+    constraint_limits: object = None  # constrained.ConstraintLimits; None: its defaults
+
+
+def check_utf8(text: str, what: str) -> None:
+    """JSON can carry a lone surrogate ("\\ud800"), which is not a character and cannot be tokenized."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} contains {text[e.start:e.end]!r} at character {e.start}: a lone UTF-16 surrogate, "
+                         f"not a character") from None
 
 
 @dataclass
@@ -73,6 +84,7 @@ class Request:
     seqs: list[Sequence]
     metrics: RequestMetrics
     stream: bool = False
+    error: Exception | None = None  # what failed it inside a step
 
     @property
     def pending_forks(self) -> int:
@@ -117,6 +129,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.recorder = StepRecorder() if cfg.record_steps else None
         self.num_steps = 0
+        self.num_generated_tokens = 0
         self.startup_line = self._describe(dtype_reason)
         logger.info(self.startup_line)
 
@@ -189,15 +202,17 @@ class LLMEngine:
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None, params: SamplingParams | None = None,
                     prompt_token_ids: list[int] | None = None, stream: bool = False,
-                    arrival_time: float | None = None) -> None:
-        """Validate and queue a request. Raises ValueError (and changes nothing) on bad input."""
+                    arrival_time: float | None = None, constraint_index=None) -> None:
+        """Validate and queue a request. Raises ValueError (and changes nothing) on bad input.
+
+        `constraint_index` is the constraint's compiled token index when the caller built it
+        already (AsyncLLM does so off the engine thread); otherwise it is compiled here.
+        """
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if prompt_token_ids is None:
-            if not isinstance(prompt, str) or not prompt:
-                raise ValueError("prompt must be a non-empty string (or pass prompt_token_ids)")
-            prompt_token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            prompt_token_ids = self.encode(prompt)
         prompt_token_ids = list(prompt_token_ids)
         if not prompt_token_ids:
             raise ValueError("prompt is empty: it must have at least one token")
@@ -219,7 +234,7 @@ class LLMEngine:
                     f"it could never fit: lower max_tokens or give the cache more memory")
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n={params.n} samples run side by side, but max_num_seqs={self.config.max_num_seqs}")
-        constraint = self._build_constraint(params)
+        constraint = self._build_constraint(params, constraint_index)
         fork = params.n > 1 and isinstance(self.kv, BlockManager)
         seqs = [self._new_seq(request_id, prompt_token_ids, params, i, constraint, stream) for i in range(1 if fork else params.n)]
         metrics = RequestMetrics(arrival_time=arrival_time or time.perf_counter())
@@ -229,30 +244,47 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
 
-    def prepare_constraint(self, params: SamplingParams) -> None:
-        """Compile the token index a constrained request needs, so that `add_request` finds it cached.
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids of a text prompt. A text too long to fit max_model_len in any tokenization is
+        refused before tokenizing it (a 20 MB prompt would otherwise take ~40 s and GBs of memory)."""
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("prompt must be a non-empty string (or pass prompt_token_ids)")
+        check_utf8(prompt, "prompt")
+        if len(prompt) > self.max_prompt_chars:
+            raise ValueError(f"prompt has {len(prompt):,} characters: more than max_model_len={self.max_model_len} tokens "
+                             f"of this tokenizer can hold (at most {self.max_prompt_chars:,} characters)")
+        return self.tokenizer.encode(prompt, add_special_tokens=False)
 
-        Safe to call from another thread while the engine steps: AsyncLLM does so on a worker
-        thread, so compiling a big schema (seconds) never stalls the streams being served.
-        Raises ValueError, like `add_request`, for a constraint that cannot be built.
-        """
-        self._build_constraint(params)
+    @functools.cached_property
+    def max_prompt_chars(self) -> int:
+        """No token spells more than its longest vocabulary entry's characters (byte-level entries
+        are one character per byte), so a longer text cannot fit; x2 leaves room for normalizers."""
+        return 2 * self.max_model_len * max(map(len, self.tokenizer.get_vocab()))
 
-    def _build_constraint(self, params: SamplingParams):
+    def _build_constraint(self, params: SamplingParams, index=None):
         if not params.constrained:
             return None
-        from .constrained import TokenVocabulary, build_constraint
+        from .constrained import ConstraintLimits, build_constraint
 
-        vocab = TokenVocabulary.from_tokenizer(self.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids)
-        return build_constraint(params, vocab, self.device)
+        return build_constraint(params, self.vocabulary, self.device, self.config.constraint_limits or ConstraintLimits(),
+                                index)
+
+    @property
+    def vocabulary(self):
+        """What every token id spells, for constraints (built on first use, then cached)."""
+        from .constrained import TokenVocabulary
+
+        return TokenVocabulary.from_tokenizer(self.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids)
 
     def _new_seq(self, request_id, prompt_token_ids, params, index, constraint, stream, parent: Sequence | None = None):
         seq = Sequence(request_id, list(prompt_token_ids), params, index=index,
                        token_ids=list(parent.token_ids) if parent else [])
         if params.seed is not None:
-            seq.generator = torch.Generator(self.device).manual_seed(params.seed + index)
+            seq.generator = seeded_generator(params.seed, index, self.device)
         if constraint is not None:
             seq.constraint = constraint if index == 0 and parent is None else constraint.fork()
+        if params.logprobs is not None:
+            seq.logprobs = list(parent.logprobs) if parent is not None and parent.logprobs is not None else []
         if stream or params.stop:  # text is needed while running; otherwise decode once at the end
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
         return seq
@@ -297,12 +329,23 @@ class LLMEngine:
                 rows += [i] * len(children)
         if len(rows) != logits.shape[0]:
             logits = logits[rows]
-        tokens = sample(logits, samplers)
+        tokens = self._sample(logits, samplers)
+        logprobs = self._logprobs(logits, samplers, tokens)
         now = time.perf_counter()
         touched = {}
-        for seq, token in zip(samplers, tokens):
-            self._append_token(seq, token, now)
-            touched[seq.request_id] = self.requests[seq.request_id]
+        for i, (seq, token) in enumerate(zip(samplers, tokens)):
+            req = touched[seq.request_id] = self.requests[seq.request_id]
+            if seq.is_finished:  # a sibling sample failed the request earlier in this loop
+                continue
+            try:
+                if isinstance(token, Exception):
+                    raise token
+                if seq.logprobs is not None:
+                    seq.logprobs.append(logprobs[i])
+                self._append_token(seq, token, now)
+                self.num_generated_tokens += 1
+            except Exception as e:  # noqa: BLE001 - this request fails; the step goes on for the others
+                self._fail(req, e)
         if self.prefix_cache is not None:
             for seq, _ in out.scheduled:
                 if not seq.is_finished:
@@ -321,6 +364,47 @@ class LLMEngine:
                 req.metrics.finished_time = now
                 del self.requests[req.request_id]
         return outputs
+
+    def _sample(self, logits: torch.Tensor, samplers: list[Sequence]) -> list[int | Exception]:
+        """One token per row. If the batched draw raises, each row is drawn alone, so the error
+        lands on the request that caused it and every other row still gets its token."""
+        try:
+            return sample(logits, samplers)
+        except Exception:  # noqa: BLE001
+            tokens = []
+            for i, seq in enumerate(samplers):
+                try:
+                    tokens += sample(logits[i : i + 1], [seq])
+                except Exception as e:  # noqa: BLE001
+                    tokens.append(e)
+            return tokens
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, samplers: list[Sequence], tokens: list) -> dict[int, dict[int, Logprob]]:
+        """For the rows whose request asked for logprobs: {token: Logprob} of the sampled token and the
+        k most likely, from the raw logits (computed only for those rows)."""
+        rows = [i for i, seq in enumerate(samplers) if seq.params.logprobs is not None and isinstance(tokens[i], int)]
+        if not rows:
+            return {}
+        lp = logits[rows].float().log_softmax(dim=-1)
+        out = {}
+        for lp_row, i in zip(lp, rows):
+            token = tokens[i]
+            entry = {token: Logprob(lp_row[token].item(), int((lp_row > lp_row[token]).sum()) + 1)}
+            top = lp_row.topk(samplers[i].params.logprobs) if samplers[i].params.logprobs else None
+            if top is not None:
+                for rank, (value, tid) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
+                    entry.setdefault(tid, Logprob(value, rank))
+            out[i] = entry
+        return out
+
+    def _fail(self, req: Request, error: Exception) -> None:
+        """Finish `req` with `error`: its blocks go back to the pool, the step's other requests go on."""
+        req.error = error
+        for seq in req.seqs:
+            seq.num_pending_forks = 0
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
 
     def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
         """n > 1: the other samples share the prompt's blocks with the first (copy-on-write later)."""
@@ -352,9 +436,10 @@ class LLMEngine:
         if seq.constraint is not None:
             seq.constraint.advance(token)
         if seq.detokenizer is not None:
-            seq.detokenizer.add(token)
-            for stop in params.stop:
-                at = seq.detokenizer.text.find(stop)
+            delta = seq.detokenizer.add(token)
+            text = seq.detokenizer.text
+            for stop in params.stop:  # only where the new text could complete it: O(stop length) per token
+                at = text.find(stop, max(0, len(text) - len(delta) - len(stop) + 1)) if delta else -1
                 if at >= 0:
                     seq.detokenizer.text = seq.detokenizer.text[:at]
                     reason, stop_reason = "stop", stop
@@ -384,10 +469,11 @@ class LLMEngine:
         return ""
 
     def _output(self, req: Request) -> RequestOutput:
-        outs = [CompletionOutput(s.index, self._text(s), list(s.output_token_ids), s.finish_reason, s.stop_reason)
+        outs = [CompletionOutput(s.index, self._text(s), list(s.output_token_ids), s.finish_reason, s.stop_reason,
+                                 None if s.logprobs is None else list(s.logprobs))
                 for s in sorted(req.seqs, key=lambda s: s.index)]
         finished = all(s.is_finished for s in req.seqs) and not req.pending_forks
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, req.metrics)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, req.metrics, req.error)
 
     # -- introspection -----------------------------------------------------------------------
     @property

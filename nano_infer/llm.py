@@ -68,6 +68,8 @@ class LLM:
         try:
             while len(results) < len(ids):
                 for out in self.engine.step():
+                    if out.error is not None:
+                        raise RuntimeError(f"request {out.request_id} failed: {out.error}") from out.error
                     if out.finished:
                         results[out.request_id] = out
                         bar.update(1)

@@ -5,12 +5,20 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    logprob: float  # natural log of the token's probability in the model's raw distribution
+    rank: int  # 1 for the most likely token
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None
+    # with SamplingParams(logprobs=k): per token, the sampled token and the k most likely ones
+    logprobs: list[dict[int, Logprob]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -40,6 +48,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    # set when this request failed inside a step (the others in the step carry on); it is then finished
+    error: Exception | None = None
 
     @property
     def num_cached_tokens(self) -> int:

@@ -27,17 +27,20 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 
 @torch.inference_mode()
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """logits [N, V] float32 for the N sequences that pick a token this step (modified in place)."""
-    for i, seq in enumerate(seqs):
-        if seq.constraint is not None:
-            logits[i] += seq.constraint.mask()
+    """logits [N, V] float32 for the N sequences that pick a token this step (left unchanged)."""
+    constrained = [i for i, seq in enumerate(seqs) if seq.constraint is not None]
+    if constrained:
+        logits = logits.clone()
+        for i in constrained:
+            logits[i] += seqs[i].constraint.mask()
     greedy = [seq.params.greedy for seq in seqs]
     if all(greedy):
         return logits.argmax(dim=-1).tolist()
     params = [seq.params for seq in seqs]
-    device = logits.device
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
-    top_k = torch.tensor([p.top_k for p in params], device=device)
+    device, vocab_size = logits.device, logits.shape[-1]
+    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
+    # any top_k outside [1, V] keeps the whole vocabulary (and a huge int never reaches torch)
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], device=device)
     top_p = torch.tensor([p.top_p for p in params], device=device)
     probs = apply_top_k_top_p(logits / temps.unsqueeze(1), top_k, top_p).softmax(dim=-1)
     noise = torch.empty_like(probs)
@@ -46,3 +49,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     sampled = (probs / noise).argmax(dim=-1)
     tokens = torch.where(torch.tensor(greedy, device=device), logits.argmax(dim=-1), sampled)
     return tokens.tolist()
+
+
+def seeded_generator(seed: int, index: int, device: torch.device) -> torch.Generator:
+    """Sample `index` of a request seeded with `seed` draws from seed + index (wrapped to 64 bits)."""
+    return torch.Generator(device).manual_seed((seed + index) % 2**64)

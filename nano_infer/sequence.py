@@ -33,6 +33,7 @@ class Sequence:
     generator: object = None  # torch.Generator when params.seed is set
     constraint: object = None  # nano_infer.constrained constraint, when the output is constrained
     detokenizer: object = None  # IncrementalDetokenizer, created when text is needed while running
+    logprobs: list | None = None  # per output token {token id: Logprob}, when params.logprobs is set
     prefix_node: object = None  # radix tree node this sequence holds locked
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks (hash cache)
     num_preemptions: int = 0

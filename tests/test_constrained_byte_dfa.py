@@ -50,3 +50,22 @@ def test_minimised_and_pruned():
 def test_anchors_are_implied():
     assert ByteDFA.from_regex(r"^ab$").num_states == ByteDFA.from_regex("ab").num_states
     assert ByteDFA.from_regex(r"a\$").fullmatch(b"a$")
+
+
+@pytest.mark.parametrize("pattern,matches,rejects", [
+    (r"[\u4e00-\u9fff]{2,5}", ["李雷", "你好世界"], ["ab", "李", "李雷ab"]),
+    (r"a\u002eb", ["a.b"], ["axb"]),  # an escaped metacharacter stays literal
+    (r"\u{1F600}+|\U0001F642", ["😀😀", "🙂"], ["😀🙂"]),
+    (r"a\\u0041", ["a\\u0041"], ["aA"]),  # an escaped backslash: the text \u0041 itself
+])
+def test_unicode_escapes_are_characters(pattern, matches, rejects):
+    dfa = ByteDFA.from_regex(pattern)
+    for text in matches:
+        assert dfa.fullmatch(text.encode()) and re.fullmatch(pattern.replace(r"\u{1F600}", "\U0001F600"), text)
+    for text in rejects:
+        assert not dfa.fullmatch(text.encode())
+
+
+def test_a_lone_surrogate_escape_is_refused():
+    with pytest.raises(ValueError, match="surrogate"):
+        ByteDFA.from_regex(r"a\ud800")

@@ -48,7 +48,9 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def model(allm):
-    return allm.engine.model_name
+    name = nano_infer.server.public_model_name(allm)
+    assert "/" not in name  # a folder's name, never its absolute path
+    return name
 
 
 def greedy(max_tokens):
@@ -284,22 +286,32 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
 
     seen = {}
 
-    def serve_briefly(llm, host, port, served_model_name, log_level):
-        server = BackgroundServer(llm, host, port, served_model_name)
+    def serve_briefly(llm, host, port, served_model_name, log_level, api_key, allowed_hosts, max_body_bytes):
+        server = BackgroundServer(llm, host, port, served_model_name, api_key=api_key, allowed_hosts=allowed_hosts,
+                                  max_body_bytes=max_body_bytes)
         try:
-            c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+            c = openai.OpenAI(base_url=server.url + "/v1", api_key="secret", max_retries=0)
             seen["models"] = [m.id for m in c.models.list().data]
             seen["usage"] = c.completions.create(model="tiny", prompt="To be", max_tokens=3,
                                                  extra_body={"ignore_eos": True}).usage.completion_tokens
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+            seen["no key"] = httpx.get(server.url + "/v1/models").status_code
+            seen["health"] = httpx.get(server.url + "/health").status_code  # probes need no key
+            seen["rebinding"] = httpx.get(server.url + "/health", headers={"host": "evil.example:80"}).status_code
+            seen["named host"] = httpx.get(server.url + "/health", headers={"host": "box.lan:80"}).status_code
+            seen["big body"] = httpx.post(server.url + "/v1/completions", content=b"x" * 2000).status_code
         finally:
             server.stop()
         seen.update(llm=llm, block_size=llm.engine.kv.block_size, max_num_seqs=llm.engine.scheduler.max_num_seqs)
 
     monkeypatch.setattr(nano_infer.server, "run_server", serve_briefly)
+    monkeypatch.setenv("NANO_INFER_API_KEY", "secret")
     assert main(["serve", "--model", str(qwen2_dir), "--port", "0", "--served-model-name", "tiny",
-                 "--block-size", "8", "--max-num-seqs", "5"]) == 0
+                 "--block-size", "8", "--max-num-seqs", "5", "--allowed-host", "box.lan", "--max-request-bytes", "1000"]) == 0
     assert seen["models"] == ["tiny"] and seen["usage"] == 3
     assert (seen["block_size"], seen["max_num_seqs"]) == (8, 5)
+    assert (seen["no key"], seen["health"], seen["rebinding"], seen["named host"], seen["big body"]) == (401, 200, 400, 200, 413)
     assert not seen["llm"].is_running  # shut down when the server stops
     assert main(["serve", "--model", str(tmp_path / "no-such-model")]) == 2
     assert "neither a local folder nor a hub id" in capsys.readouterr().err

@@ -11,6 +11,7 @@ small.
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 
 import interegular
@@ -46,18 +47,54 @@ class ByteDFA:
         return state >= 0 and bool(self.accepting[state])
 
     @classmethod
-    def from_regex(cls, pattern: str) -> "ByteDFA":
-        """The DFA of strings that match `pattern` in full (like re.fullmatch)."""
+    def from_regex(cls, pattern: str, max_states: int | None = None) -> "ByteDFA":
+        """The DFA of strings that match `pattern` in full (like re.fullmatch).
+
+        With `max_states`, a pattern whose automaton would be bigger raises ValueError.
+        """
         try:
-            fsm = interegular.parse_pattern(strip_anchors(pattern)).to_fsm()
+            fsm = interegular.parse_pattern(strip_anchors(unicode_escapes(pattern))).to_fsm()
         except Exception as e:  # interegular raises its own Unsupported / InvalidSyntax
-            raise ValueError(f"cannot compile regex {pattern!r}: {type(e).__name__}: {e}") from e
+            raise ValueError(f"cannot compile regex {_short(pattern)}: {type(e).__name__}: {e}") from e
+        _check_states(len(fsm.states), max_states)
         states, initial, accepting = _char_transitions(fsm)
         dfa = _utf8_encode(states, initial, accepting)
+        _check_states(dfa.num_states, max_states)
         dfa = _prune(dfa)
         if dfa is None:
-            raise ValueError(f"regex {pattern!r} matches no string")
+            raise ValueError(f"regex {_short(pattern)} matches no string")
         return _minimise(dfa)
+
+
+def _check_states(num_states: int, max_states: int | None) -> None:
+    if max_states is not None and num_states > max_states:
+        raise ValueError(f"the constraint's automaton has {num_states:,} states; the limit is {max_states:,} "
+                         f"(ConstraintLimits.max_dfa_states)")
+
+
+def _short(pattern: str, limit: int = 200) -> str:
+    """The pattern for an error message, cut if long (a client may send megabytes)."""
+    return repr(pattern) if len(pattern) <= limit else repr(pattern[:limit]) + f"... ({len(pattern):,} characters)"
+
+
+def unicode_escapes(pattern: str) -> str:
+    """Write the code point escapes of Python's `re` and ECMA-262 (JSON Schema's patterns) as the
+    characters themselves, which interegular understands: \\uXXXX, \\UXXXXXXXX and \\u{X...}.
+    A character that is a regex metacharacter keeps a backslash in front of it."""
+    return _UNICODE_ESCAPE.sub(_unescape, pattern)
+
+
+def _unescape(m) -> str:
+    if len(m.group(1)) % 2 == 0:  # the backslash before the u is itself escaped: literal text
+        return m.group(0)
+    char = chr(int(m.group(2) or m.group(3) or m.group(4), 16))
+    if 0xD800 <= ord(char) <= 0xDFFF:
+        raise ValueError(f"regex escape {m.group(0).lstrip(chr(92))!r} is a lone UTF-16 surrogate, not a character")
+    return m.group(1)[:-1] + ("\\" + char if char in _REGEX_META else char)
+
+
+_UNICODE_ESCAPE = re.compile(r"(\\+)(?:u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|u\{([0-9a-fA-F]{1,6})\})")
+_REGEX_META = set("\\.^$|?*+()[]{}-/")
 
 
 def strip_anchors(pattern: str) -> str:

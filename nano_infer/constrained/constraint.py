@@ -1,17 +1,20 @@
 """One request's constraint: a position in a token index, moved by each sampled token."""
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, replace
 
 import torch
 
 from .byte_dfa import ByteDFA
-from .json_schema import escape, json_schema_to_regex
+from .json_schema import escape, json_schema_to_regex, load_schema
+from .limits import ConstraintLimits
 from .token_index import TokenIndex
 from .vocabulary import TokenVocabulary
 
-INDEX_CACHE_SIZE = 8  # token indexes kept per vocabulary (with their mask rows), least recently used dropped first
+INDEX_CACHE_SIZE = 32  # token indexes kept per vocabulary (with their mask rows), least recently used dropped first
+DEFAULT_LIMITS = ConstraintLimits()
 _CACHE_LOCK = threading.Lock()
 
 
@@ -49,45 +52,90 @@ class Constraint:
         return replace(self)
 
 
-def build_constraint(params, vocab: TokenVocabulary, device="cpu") -> Constraint | None:
+def build_constraint(params, vocab: TokenVocabulary, device="cpu", limits: ConstraintLimits = DEFAULT_LIMITS,
+                     index: TokenIndex | None = None) -> Constraint | None:
     """The constraint `params` asks for (regex, json_schema or choice), or None if none.
 
-    Raises ValueError, saying why, for a regex that matches nothing or cannot be compiled, a
-    malformed schema, or a schema keyword this module does not support.
+    `index` is the token index when the caller compiled it already (AsyncLLM does, off the
+    engine thread). Raises ValueError, saying why, for a regex that matches nothing or cannot
+    be compiled, a malformed schema, a schema keyword this module does not support, or a
+    constraint over `limits`.
     """
-    pattern = constraint_regex(params)
-    if pattern is None:
-        return None
-    index = token_index(pattern, vocab)
+    if index is None:
+        key = constraint_key(params)
+        if key is None:
+            return None
+        index = token_index(key, vocab, limits)
     return Constraint(index, torch.device(device), index.initial)
 
 
-def constraint_regex(params) -> str | None:
+def constraint_key(params) -> tuple[str, str] | None:
+    """The constraint as (kind, canonical text): equal keys compile to the same index, whatever
+    the spacing of the schema the client sent. Key order is kept: properties are generated in
+    schema order, so two orders are two constraints."""
     if params.regex is not None:
-        return params.regex
+        return ("regex", params.regex)
     if params.json_schema is not None:
-        return json_schema_to_regex(params.json_schema)
+        schema = load_schema(params.json_schema)
+        try:
+            return ("json_schema", json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"json_schema is not a JSON document: {e}") from e
     if params.choice is not None:
-        return "(" + "|".join(escape(c) for c in params.choice) + ")"
+        return ("choice", json.dumps(list(params.choice), ensure_ascii=False))
     return None
 
 
-def token_index(pattern: str, vocab: TokenVocabulary) -> TokenIndex:
-    """The token index of `pattern` over `vocab`, from the vocabulary's LRU cache if there.
+def key_regex(key: tuple[str, str], limits: ConstraintLimits = DEFAULT_LIMITS) -> str:
+    """The regex of a constraint key, within `limits`."""
+    kind, text = key
+    limits.check_spec(kind.replace("_", " "), text)
+    if kind == "regex":
+        pattern = text
+    elif kind == "json_schema":
+        pattern = json_schema_to_regex(json.loads(text))
+    else:
+        pattern = "(" + "|".join(escape(c) for c in json.loads(text)) + ")"
+    limits.check_regex(pattern)
+    return pattern
 
-    Thread-safe: AsyncLLM builds indexes on worker threads while the engine thread reads the
-    cache. The build itself (seconds for a big schema) runs outside the lock; two threads
-    building the same pattern at once both finish and one result is kept.
+
+def compile_index(key: tuple[str, str], vocab: TokenVocabulary, limits: ConstraintLimits = DEFAULT_LIMITS) -> TokenIndex:
+    """key -> regex -> byte DFA -> token index, refusing anything over `limits` on the way."""
+    dfa = ByteDFA.from_regex(key_regex(key, limits), max_states=limits.max_dfa_states)
+    return TokenIndex.build(dfa, vocab)
+
+
+def constraint_regex(params) -> str | None:
+    key = constraint_key(params)
+    return None if key is None else key_regex(key)
+
+
+def token_index(key: tuple[str, str], vocab: TokenVocabulary, limits: ConstraintLimits = DEFAULT_LIMITS) -> TokenIndex:
+    """The token index of a constraint key over `vocab`, from the vocabulary's LRU cache if there.
+
+    Thread-safe: the engine thread and other threads may ask at once. The build itself
+    (seconds for a big schema) runs outside the lock; two threads building the same key at
+    once both finish and one result is kept.
     """
-    cache = vocab.index_cache
+    cached = cached_index(key, vocab)
+    if cached is not None:
+        return cached
+    return cache_index(key, vocab, compile_index(key, vocab, limits))
+
+
+def cached_index(key, vocab: TokenVocabulary) -> TokenIndex | None:
     with _CACHE_LOCK:
-        if pattern in cache:
-            cache.move_to_end(pattern)
-            return cache[pattern]
-    index = TokenIndex.build(ByteDFA.from_regex(pattern), vocab)
+        index = vocab.index_cache.get(key)
+        if index is not None:
+            vocab.index_cache.move_to_end(key)
+        return index
+
+
+def cache_index(key, vocab: TokenVocabulary, index: TokenIndex) -> TokenIndex:
     with _CACHE_LOCK:
-        index = cache.setdefault(pattern, index)
-        cache.move_to_end(pattern)
-        if len(cache) > INDEX_CACHE_SIZE:
-            cache.popitem(last=False)
+        index = vocab.index_cache.setdefault(key, index)
+        vocab.index_cache.move_to_end(key)
+        if len(vocab.index_cache) > INDEX_CACHE_SIZE:
+            vocab.index_cache.popitem(last=False)
     return index

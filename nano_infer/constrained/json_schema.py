@@ -27,7 +27,7 @@ import json
 
 import interegular
 
-from .byte_dfa import strip_anchors
+from .byte_dfa import strip_anchors, unicode_escapes
 
 # One character of a JSON string: anything but '"', '\' and control characters, or an escape.
 # \u escapes of surrogates are left out: a lone one is not a character, and a pair would
@@ -56,11 +56,11 @@ def escape(text: str) -> str:
 
 def json_schema_to_regex(schema) -> str:
     """A regex for the JSON texts valid under `schema` (a dict, a JSON string or a pydantic model class)."""
-    schema = _load(schema)
+    schema = load_schema(schema)
     return _Converter(schema).regex(schema, "#")
 
 
-def _load(schema) -> dict:
+def load_schema(schema) -> dict:
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         schema = schema.model_json_schema()
     elif isinstance(schema, str):
@@ -248,7 +248,7 @@ def _json_safe_pattern(pattern, path: str) -> str:
     """
     if not isinstance(pattern, str):
         raise ValueError(f"'pattern' at {path} must be a string")
-    pattern = strip_anchors(pattern)
+    pattern = strip_anchors(unicode_escapes(pattern))
     try:
         fsm = interegular.parse_pattern(pattern).to_fsm()
     except Exception as e:

@@ -9,6 +9,7 @@ lookup of a precomputed row, never a walk over the vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -25,8 +26,8 @@ class TokenIndex:
     offsets: np.ndarray  # [num_states + 1]: state s owns tokens[offsets[s]:offsets[s + 1]]
     tokens: np.ndarray  # int32, grouped by state
     next_states: np.ndarray  # int32, aligned with tokens
-    transitions: list[list[int]]  # the byte DFA as nested lists: the fastest per-byte lookup
-    token_bytes: list[bytes | None]  # the vocabulary's
+    transitions: np.ndarray  # [num_states, 256] int32: the byte DFA
+    token_bytes: list[bytes | None] | None  # the vocabulary's own list (None while sent between processes)
     eos_token_ids: tuple[int, ...]
     # Mask rows of the states visited so far, by (state, device). A full table would cost
     # states x vocabulary x 4 bytes (hundreds of MB at a 151k vocabulary, for one schema),
@@ -56,11 +57,17 @@ class TokenIndex:
         data = self.token_bytes[token_id] if 0 <= token_id < self.vocab_size else None
         if not data:
             return -1
+        rows = self._transition_rows
         for byte in data:
-            state = self.transitions[state][byte]
+            state = rows[state][byte]
             if state < 0:
                 return -1
         return state if self.live[state] else -1
+
+    @cached_property
+    def _transition_rows(self) -> list[list[int]]:
+        """The byte DFA as nested lists: the fastest per-byte lookup from Python."""
+        return self.transitions.tolist()
 
     def mask_row(self, state: int, device: torch.device) -> torch.Tensor:
         """[vocab_size] float32 on `device`: 0 for allowed tokens, -inf for the rest."""
@@ -87,7 +94,7 @@ class TokenIndex:
         order = np.argsort(start.astype(np.uint16 if dfa.num_states <= 1 << 16 else np.int64), kind="stable")
         offsets = np.searchsorted(start[order], np.arange(dfa.num_states + 1))
         return cls(dfa.initial, dfa.accepting, live, offsets, token[order].astype(np.int32),
-                   nxt[order].astype(np.int32), dfa.transitions.tolist(), vocab.token_bytes,
+                   nxt[order].astype(np.int32), dfa.transitions, vocab.token_bytes,
                    tuple(sorted(vocab.eos_token_ids)))
 
 

@@ -1,0 +1,166 @@
+"""Compiling constraints for a server: in worker processes, bounded in time, cancellable, cached.
+
+A JSON Schema or regex from a client can take seconds to minutes to compile (see `limits`),
+and a thread cannot be stopped once it runs Python code. So a server compiles in a small pool
+of worker processes (pebble's ProcessPool) at a lower CPU priority than the engine:
+
+- a compile that runs past `ConstraintLimits.timeout` is killed, and the request gets a
+  ValueError naming the limit;
+- a client that disconnects while its compile waits or runs cancels it (the worker is
+  killed and replaced) unless another request is waiting for the same constraint;
+- results are cached by the constraint's canonical text (`constraint_key`), in the same
+  per-vocabulary cache the engine reads, and failures are remembered, so a schema that was
+  refused once is refused at once the next time;
+- at most `max_pending` different constraints compile or wait at once; more raise
+  `CompilePoolBusy` (a server answers 503).
+
+Workers are forked from a single-threaded fork server, never from the server process itself,
+whose engine and HTTP threads could hold locks at the moment of a fork.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import multiprocessing
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+import pebble
+
+from .constraint import cache_index, cached_index, compile_index, constraint_key
+from .limits import ConstraintLimits
+from .token_index import TokenIndex
+from .vocabulary import TokenVocabulary
+
+FAILURES_KEPT = 256  # constraints remembered as refused
+TIMEOUT_REMEMBERED = 60.0  # seconds a timed-out constraint is refused without trying again
+WORKER_NICENESS = 10  # compiles yield the CPU to the engine thread
+# {"type": "object"} (response_format json_object) is not a client's invention: its cost is known (~5 s on
+# 2 cores, see json_schema.ANY_JSON_DEPTH) and bounded, so it gets no time limit, like a trusted constraint.
+ANY_OBJECT_KEY = ("json_schema", '{"type":"object"}')
+
+
+class CompilePoolBusy(RuntimeError):
+    """Too many different constraints are compiling or waiting to."""
+
+
+@dataclass(eq=False)
+class _Job:
+    work: concurrent.futures.Future  # pebble's: cancelling it kills the worker running it
+    done: concurrent.futures.Future  # resolved with a TokenIndex usable in this process, or the error
+    waiters: int = 0
+
+
+class CompilePool:
+    def __init__(self, vocab: TokenVocabulary, limits: ConstraintLimits, workers: int = 1, max_pending: int = 16):
+        self.vocab, self.limits, self.max_pending = vocab, limits, max_pending
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])
+        self._pool = pebble.ProcessPool(max_workers=workers, initializer=_init_worker,
+                                        initargs=(vocab.token_bytes, vocab.eos_token_ids), context=context)
+        self._lock = threading.Lock()
+        self._jobs: dict[tuple, _Job] = {}
+        self._failures: OrderedDict[tuple, tuple[ValueError, float]] = OrderedDict()  # key -> (error, until)
+
+    async def index(self, params, trusted: bool = False) -> TokenIndex | None:
+        """The token index `params` asks for, or None for an unconstrained request.
+
+        Raises ValueError for a constraint that is invalid or over the limits (including the
+        time limit), CompilePoolBusy when too many compile at once. Cancelling the awaiting
+        task cancels the compile unless another request waits for the same constraint.
+        `trusted` (the operator's own constraints, compiled ahead) lifts the time limit.
+        """
+        key = constraint_key(params)
+        if key is None:
+            return None
+        self.limits.check_spec(key[0].replace("_", " "), key[1])  # megabytes never travel to a worker
+        index = cached_index(key, self.vocab)
+        if index is not None:
+            return index
+        job = self._join(key, None if trusted or key == ANY_OBJECT_KEY else self.limits.timeout)
+        try:
+            return await asyncio.shield(asyncio.wrap_future(job.done))
+        except asyncio.CancelledError:
+            self._leave(key, job)
+            raise
+
+    def _join(self, key, timeout: float | None) -> _Job:
+        with self._lock:
+            failure = self._failures.get(key)
+            if failure is not None:
+                error, until = failure
+                if time.monotonic() < until:
+                    raise ValueError(str(error))
+                del self._failures[key]
+            job = self._jobs.get(key)
+            if job is None:
+                if len(self._jobs) >= self.max_pending:
+                    raise CompilePoolBusy(f"{len(self._jobs)} constraints are compiling already; try again shortly")
+                work = self._pool.schedule(_compile, args=(key, self.limits), timeout=timeout)
+                job = self._jobs[key] = _Job(work, concurrent.futures.Future())
+                work.add_done_callback(lambda w: self._finished(key, job))
+            job.waiters += 1
+            return job
+
+    def _finished(self, key, job: _Job) -> None:
+        """Runs on the pool's thread when a compile ends: cache, remember failures, wake the waiters."""
+        work, done = job.work, job.done
+        with self._lock:
+            if self._jobs.get(key) is job:
+                del self._jobs[key]
+        if work.cancelled():
+            done.cancel()
+            return
+        error = work.exception()
+        if error is None:
+            done.set_result(cache_index(key, self.vocab, replace(work.result(), token_bytes=self.vocab.token_bytes)))
+            return
+        forever = float("inf")
+        if isinstance(error, TimeoutError):
+            error, until = ValueError(
+                f"compiling the constraint took longer than {self.limits.timeout:g} s (ConstraintLimits.timeout); "
+                f"simplify the schema or regex"), time.monotonic() + TIMEOUT_REMEMBERED
+        elif isinstance(error, pebble.ProcessExpired):
+            error, until = ValueError(f"compiling the constraint ended its worker process (exit code "
+                                      f"{error.exitcode}); it is likely too large"), forever
+        elif isinstance(error, ValueError):
+            until = forever
+        else:  # a bug, not the client's input: report it as it is, remember nothing
+            done.set_exception(error)
+            return
+        with self._lock:
+            self._failures[key] = (error, until)
+            if len(self._failures) > FAILURES_KEPT:
+                self._failures.popitem(last=False)
+        done.set_exception(error)
+
+    def _leave(self, key, job: _Job) -> None:
+        """A waiter went away; the last one to go cancels the compile (pebble kills its worker)."""
+        with self._lock:
+            job.waiters -= 1
+            if job.waiters > 0 or job.done.done():
+                return
+            if self._jobs.get(key) is job:
+                del self._jobs[key]
+        job.work.cancel()
+
+    def close(self) -> None:
+        self._pool.stop()
+        self._pool.join(timeout=5)
+
+
+_VOCAB: TokenVocabulary | None = None
+
+
+def _init_worker(token_bytes, eos_token_ids) -> None:
+    global _VOCAB
+    os.nice(WORKER_NICENESS)
+    _VOCAB = TokenVocabulary(token_bytes, eos_token_ids)
+
+
+def _compile(key, limits: ConstraintLimits) -> TokenIndex:
+    index = compile_index(key, _VOCAB, limits)
+    return replace(index, token_bytes=None)  # the caller has the vocabulary; don't send it back

@@ -1,0 +1,57 @@
+"""Prometheus metrics of a running engine, read from it at scrape time (GET /metrics).
+
+The names follow vLLM's (with a `nano_infer_` prefix), so an operator's dashboards carry over.
+Nothing is counted twice: gauges and counters are read from the engine's own state when
+Prometheus scrapes, through a custom collector, instead of being updated on the engine thread.
+Token throughput is a counter; Prometheus turns it into tokens/s:
+`rate(nano_infer_generation_tokens_total[1m])`.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class EngineMetrics:
+    def __init__(self, engine, model_name: str):
+        self.engine, self.model_name = engine, model_name
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def collect(self):
+        """Called by prometheus_client on each scrape (on the server's thread; it only reads)."""
+        engine, labels = self.engine, {"model_name": self.model_name}
+
+        def gauge(name, doc, value):
+            g = GaugeMetricFamily(f"nano_infer_{name}", doc, labels=list(labels))
+            g.add_metric(list(labels.values()), value)
+            return g
+
+        def counter(name, doc, value):
+            c = CounterMetricFamily(f"nano_infer_{name}", doc, labels=list(labels))
+            c.add_metric(list(labels.values()), value)
+            return c
+
+        scheduler = engine.scheduler
+        yield gauge("num_requests_running", "Sequences in the running batch.", len(scheduler.running))
+        yield gauge("num_requests_waiting", "Sequences waiting to be admitted.", len(scheduler.waiting))
+        kv = engine.kv
+        if kv is not None:
+            free = kv.num_free_blocks
+            yield gauge("kv_blocks_total", "KV cache blocks in the pool.", kv.num_blocks)
+            yield gauge("kv_blocks_free", "KV cache blocks on the free list.", free)
+            yield gauge("kv_blocks_used", "KV cache blocks held by sequences or the prefix cache.", kv.num_blocks - free)
+            yield gauge("kv_cache_usage_perc", "Fraction of the KV cache blocks in use.", (kv.num_blocks - free) / kv.num_blocks)
+        if engine.prefix_cache is not None:
+            stats = engine.prefix_cache.stats
+            yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.query_tokens)
+            yield counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", stats.hit_tokens)
+            yield gauge("prefix_cache_hit_rate", "Hits / queries since the start.", stats.hit_rate)
+        yield counter("forward_tokens", "Tokens computed by the model (prompt chunks and decode inputs).",
+                      engine.runner.num_forward_tokens)
+        yield counter("generation_tokens", "Tokens generated.", engine.num_generated_tokens)
+        yield counter("num_steps", "Engine steps run.", engine.num_steps)

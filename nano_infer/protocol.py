@@ -1,0 +1,208 @@
+"""The OpenAI request bodies the server accepts, and how each becomes SamplingParams.
+
+Every field is typed strictly (`max_tokens: true` is an error, not 1) and a field the server does
+not know is refused with 400 naming it, as OpenAI does: a client must never believe it got
+something it did not (a constraint, a penalty, tool calls). Fields that nano_infer does not
+implement but that clients send with their neutral value (`frequency_penalty: 0`,
+`logit_bias: {}`, `tools: []`) are accepted when neutral and refused otherwise.
+
+Constrained output can be asked for three ways, all with vLLM's meaning: OpenAI's
+`response_format`, vLLM's `guided_regex` / `guided_json` / `guided_choice`, and newer vLLM's
+`structured_outputs: {"regex" | "json" | "choice": ...}`. At most one constraint per request.
+"""
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from .sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
+
+Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]  # strict floats take ints, never bools or strings
+Seed = Annotated[StrictInt, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
+MAX_N = 128  # samples per request
+JSON_OBJECT = {"type": "object"}  # what response_format json_object asks for: any JSON object
+
+
+class ProtocolError(ValueError):
+    """A request the server refuses: its message is for the client, `param` names the field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class StreamOptions(_Body):
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
+
+
+class JsonSchemaFormat(_Body):
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict = Field(alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Body):
+    """newer vLLM's `structured_outputs`: one of these."""
+
+    regex: StrictStr | None = None
+    json_: dict | StrictStr | None = Field(None, alias="json")
+    choice: list[StrictStr] | None = None
+    json_object: StrictBool | None = None
+    grammar: StrictStr | None = None
+
+
+# Fields OpenAI or vLLM define that nano_infer does not implement, with the values that change nothing.
+NEUTRAL = {
+    "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
+    "logit_bias": ({},), "tools": ([],), "tool_choice": ("none", "auto"), "suffix": ("",), "min_tokens": (0,),
+    "guided_whitespace_pattern": (), "guided_grammar": (),
+}
+
+
+class _GenerateBody(_Body):
+    model: StrictStr | None = None  # None: the served model
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: Number = Field(1.0, ge=0)
+    top_p: Number = Field(1.0, gt=0, le=1)
+    n: StrictInt = Field(1, ge=1, le=MAX_N)
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: Seed | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    user: StrictStr | None = None  # an end-user id for the operator's logs; changes no output
+    # vLLM's extras (the openai client sends them with extra_body=...)
+    top_k: StrictInt = -1
+    ignore_eos: StrictBool = False
+    stop_token_ids: list[StrictInt] | None = None
+    skip_special_tokens: StrictBool = True
+    guided_regex: StrictStr | None = None
+    guided_json: dict | StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_decoding_backend: StrictStr | None = None  # one backend here: any name picks it
+    structured_outputs: StructuredOutputs | None = None
+    # defined by OpenAI or vLLM, not implemented: accepted only with the neutral value (NEUTRAL)
+    frequency_penalty: Number | None = None
+    presence_penalty: Number | None = None
+    repetition_penalty: Number | None = None
+    min_p: Number | None = None
+    min_tokens: StrictInt | None = None
+    logit_bias: dict[str, Number] | None = None
+    guided_whitespace_pattern: StrictStr | None = None
+    guided_grammar: StrictStr | None = None
+
+
+class CompletionBody(_GenerateBody):
+    prompt: StrictStr | list[StrictInt] | list[StrictStr]
+    max_tokens: StrictInt | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: StrictBool = False
+    best_of: StrictInt | None = Field(None, ge=1)
+    suffix: StrictStr | None = None
+
+
+class ContentPart(_Body):
+    type: StrictStr
+    text: StrictStr | None = None
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[ContentPart]
+    name: StrictStr | None = None
+
+
+class ChatBody(_GenerateBody):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)  # the newer name for max_tokens
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None  # meaningful only with tools, which must be empty
+
+
+def sampling_params(body: _GenerateBody, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """The SamplingParams `body` asks for; ProtocolError (400) for anything it cannot honour."""
+    for name, neutral in NEUTRAL.items():
+        value = getattr(body, name, None)
+        if value is not None and value not in neutral:
+            raise ProtocolError(f"{name}={_short(value)} is not supported by this server; leave it out"
+                                + (f" or send {neutral[0]!r}" if neutral else ""), param=name)
+    if isinstance(body, CompletionBody) and body.best_of not in (None, body.n):
+        raise ProtocolError("best_of is not supported (only best_of == n)", param="best_of")
+    regex, schema, choice = _constraint(body)
+    try:
+        return SamplingParams(n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                              max_tokens=max_tokens, stop=body.stop, seed=body.seed, ignore_eos=body.ignore_eos,
+                              stop_token_ids=body.stop_token_ids, skip_special_tokens=body.skip_special_tokens,
+                              regex=regex, json_schema=schema, choice=choice, logprobs=logprobs)
+    except ValueError as e:
+        raise ProtocolError(str(e).replace("SamplingParams.", ""), param=_param_of(str(e))) from e
+
+
+def _constraint(body: _GenerateBody) -> tuple[str | None, Any, list[str] | None]:
+    """(regex, json_schema, choice) from whichever of the three ways the body used; at most one."""
+    asked = []  # (field, regex, schema, choice)
+    fmt = body.response_format
+    if fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise ProtocolError("response_format: type 'json_schema' needs a 'json_schema': {'schema': {...}}",
+                                param="response_format")
+        asked.append(("response_format", None, fmt.json_schema.schema_, None))
+    elif fmt is not None and fmt.type == "json_object":
+        asked.append(("response_format", None, JSON_OBJECT, None))
+    if body.guided_regex is not None:
+        asked.append(("guided_regex", body.guided_regex, None, None))
+    if body.guided_json is not None:
+        asked.append(("guided_json", None, _schema(body.guided_json, "guided_json"), None))
+    if body.guided_choice is not None:
+        asked.append(("guided_choice", None, None, body.guided_choice))
+    so = body.structured_outputs
+    if so is not None:
+        if so.grammar is not None:
+            raise ProtocolError("structured_outputs.grammar is not supported (regex, json, choice and "
+                                "json_object are)", param="structured_outputs")
+        given = [k for k in ("regex", "json_", "choice", "json_object") if getattr(so, k) not in (None, False)]
+        if len(given) != 1:
+            raise ProtocolError("structured_outputs needs exactly one of regex, json, choice, json_object",
+                                param="structured_outputs")
+        schema = JSON_OBJECT if so.json_object else _schema(so.json_, "structured_outputs.json") \
+            if so.json_ is not None else None
+        asked.append(("structured_outputs", so.regex, schema, so.choice))
+    if len(asked) > 1:
+        raise ProtocolError(f"give one constraint per request (got {', '.join(a[0] for a in asked)})", param=asked[1][0])
+    return asked[0][1:] if asked else (None, None, None)
+
+
+def _schema(value, field: str):
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ProtocolError(f"{field} is not valid JSON: {e}", param=field) from e
+    return value
+
+
+def _param_of(message: str) -> str | None:
+    """The field a SamplingParams error names ("SamplingParams.top_k=... is invalid")."""
+    head = message.removeprefix("SamplingParams.").split("=", 1)[0]
+    return head if head.isidentifier() else None
+
+
+def _short(value, limit: int = 80) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[:limit] + "..."
