@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -136,11 +137,12 @@ class LLMEngine:
     # -- construction ------------------------------------------------------------------------
     def _describe(self, dtype_reason: str) -> str:
         """One line on what was chosen and why: the dtype, and how many tokens of KV fit."""
-        line = f"{self.model_name}: {str(self.dtype).removeprefix('torch.')} ({dtype_reason}) on {self.device}"
+        name = self.gguf_file or (self.model_dir.name if Path(self.model_name).exists() else self.model_name)
+        line = f"{name}: {str(self.dtype).removeprefix('torch.')} ({dtype_reason}) on {self.device}"
         if self.kv is None:
             return line + ", no KV cache"
         tokens = self.kv.num_blocks * self.kv.block_size
-        return (f"{line}, {self.config.kv_cache} KV cache of {self.kv_pool.nbytes / 2**20:,.0f} MiB "
+        return (f"{line}, {self.config.kv_cache} KV cache of {self.kv_pool.nbytes / 2**20:,.1f} MiB "
                 f"= {tokens:,} tokens ({self.kv_bytes_per_token:,} bytes per token)")
 
     def _load_tokenizer(self):
