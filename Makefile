@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e '.[notebooks,test]'
 	touch $(STAMP)
 
+# Jupyter refuses to run as root (as in a container) unless told it may.
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: test-unit test-notebooks
 

@@ -2,7 +2,36 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from pathlib import Path
+
+
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default, except where there is none to show (None, a flag's False)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+def announce_default_model() -> None:
+    """No --model given: say which model loads, since the shipped one writes nonsense by design."""
+    from .models.loader import TINY_MODEL_DIR, default_model
+
+    model = default_model()
+    if Path(model).resolve() != TINY_MODEL_DIR.resolve():
+        print(f"model: {model} (the default; --model or NANO_INFER_MODEL picks another)", file=sys.stderr)
+        return
+    from safetensors import safe_open
+
+    with safe_open(str(TINY_MODEL_DIR / "model.safetensors"), "pt") as f:
+        params = sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    print(f"model: the one shipped in the package, a {params / 1e6:.1f}M-parameter chat model trained on "
+          "Shakespeare's plays so that everything runs offline on a CPU. Its replies are Shakespeare-flavoured "
+          "nonsense by design. --model <hub id or folder> (or NANO_INFER_MODEL) loads a real one, e.g. "
+          "Qwen/Qwen2.5-1.5B-Instruct.", file=sys.stderr)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -10,12 +39,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "Qwen2.5-1.5B-Instruct on CUDA, else the model shipped in the package)")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
-    p.add_argument("--kv-cache", default="paged", choices=["none", "contiguous", "paged"])
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--prefix-cache", default="auto", choices=["auto", "none", "hash", "radix"])
-    p.add_argument("--attention", default="gather", choices=["gather", "blockwise"])
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--kv-cache", default="paged", choices=["none", "contiguous", "paged"], help="where K/V lives")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--prefix-cache", default="auto", choices=["auto", "none", "hash", "radix"],
+                   help="prefix reuse (auto: radix when paged)")
+    p.add_argument("--attention", default="gather", choices=["gather", "blockwise"],
+                   help="how attention reads the paged pool")
+    p.add_argument("--max-model-len", type=int, default=None, help="longest sequence (default: the model's)")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -58,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="complete a prompt, streaming the text to the terminal")
     gen.add_argument("prompt")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
+    gen.add_argument("--seed", type=int, default=None, help="makes a sampled completion reproducible")
+    gen.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     add_engine_args(gen)
     gen.set_defaults(func=generate)
@@ -72,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         add_serve_parser = None
     if add_serve_parser is not None:
         add_serve_parser(sub)
+    for p in (parser, *sub.choices.values()):
+        p.formatter_class = _HelpWithDefaults
     args = parser.parse_args(argv)
+    if getattr(args, "model", "") is None:
+        announce_default_model()
     return args.func(args)
 
 

@@ -39,3 +39,14 @@ def model_dir(request, tmp_path_factory, tokenizer):
 @pytest.fixture(scope="session")
 def qwen2_dir(tmp_path_factory, tokenizer):
     return make_model_dir("qwen2", tmp_path_factory.mktemp("qwen2_only"), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def allm(served):
+    """The AsyncLLM of a module's `served` fixture (an (AsyncLLM, BackgroundServer) pair)."""
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[1]

@@ -1,4 +1,5 @@
 """Checks shared by the async-engine and server tests."""
+import contextlib
 
 
 def assert_idle_and_blocks_free(engine) -> None:
@@ -20,3 +21,18 @@ def record_aborts(monkeypatch, engine) -> list:
 
     monkeypatch.setattr(engine, "abort_request", recording)
     return aborted
+
+
+@contextlib.contextmanager
+def serving(model_dir, **options):
+    """An AsyncLLM on `model_dir` behind a BackgroundServer on a free port; both stopped after."""
+    from nano_infer.async_engine import AsyncLLM
+    from nano_infer.server import BackgroundServer
+
+    llm = AsyncLLM(str(model_dir), dtype="float32", block_size=4, **options)
+    server = BackgroundServer(llm)
+    try:
+        yield llm, server
+    finally:
+        server.stop()
+        llm.shutdown()

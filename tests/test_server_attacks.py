@@ -15,12 +15,10 @@ import httpx
 import psutil
 import pytest
 
-from engine_checks import assert_idle_and_blocks_free
-from nano_infer.async_engine import AsyncLLM
+from engine_checks import assert_idle_and_blocks_free, serving
 from nano_infer import SamplingParams
 from nano_infer.constrained import ConstraintLimits
 from nano_infer.protocol import JSON_OBJECT
-from nano_infer.server import BackgroundServer
 
 VICTIM_TOKENS = 48
 MAX_GAP = 2.0  # seconds between two chunks of a victim's stream, or before its first
@@ -28,18 +26,10 @@ COMPILE_TIMEOUT = 3.0
 
 
 @pytest.fixture(scope="module")
-def allm(qwen2_dir):
-    llm = AsyncLLM(str(qwen2_dir), dtype="float32", block_size=4, constraint_limits=ConstraintLimits(timeout=COMPILE_TIMEOUT))
-    asyncio.run(llm.precompile(SamplingParams(json_schema=JSON_OBJECT)))  # as `nano-infer serve` does at start
-    yield llm
-    llm.shutdown()
-
-
-@pytest.fixture(scope="module")
-def server(allm):
-    srv = BackgroundServer(allm)
-    yield srv
-    srv.stop()
+def served(qwen2_dir):
+    with serving(qwen2_dir, constraint_limits=ConstraintLimits(timeout=COMPILE_TIMEOUT)) as (llm, server):
+        asyncio.run(llm.precompile(SamplingParams(json_schema=JSON_OBJECT)))  # as `nano-infer serve` does at start
+        yield llm, server
 
 
 class Victims:
@@ -55,6 +45,7 @@ class Victims:
         with httpx.Client(timeout=60) as client:
             while not self.stop.is_set():
                 times, usage, finish = [time.monotonic()], None, None
+                self.streams.append(times)  # filled in as chunks arrive
                 try:
                     with client.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
                         for line in r.iter_lines():
@@ -70,7 +61,15 @@ class Victims:
                         raise RuntimeError(f"victim stream ended short: {r.status_code} {usage} {finish}")
                 except Exception as e:  # noqa: BLE001 - recorded, asserted on by the test
                     self.errors.append(repr(e))
-                self.streams.append(times)
+
+    def next_chunk_after(self, moment: float, timeout: float = 60.0) -> float:
+        """Wait for a victim chunk later than `moment`, so a wait that spans it is measured whole."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.streams and self.streams[-1][-1] > moment:
+                return moment
+            time.sleep(0.02)
+        return moment
 
     def worst_gap(self, start: float, end: float) -> float:
         """The longest wait for a chunk (or a first chunk) that overlaps [start, end]."""
@@ -172,14 +171,13 @@ def test_no_attack_hurts_another_clients_stream(server, allm, caplog):
     rss_start = process.memory_info().rss
     table = []
     with Victims(server.url) as victims:
-        while len(victims.streams) < 2:
+        while len(victims.streams) < 3:
             time.sleep(0.05)
         for name, send, status, expect in ATTACKS:
             start = time.monotonic()
             responses = send(server.url)
             elapsed = time.monotonic() - start
-            time.sleep(0.3)  # let a victim chunk land after the attack ends
-            gap = victims.worst_gap(start, time.monotonic())
+            gap = victims.worst_gap(start, victims.next_chunk_after(time.monotonic()))
             table.append((name, [r.status_code for r in responses], elapsed, gap))
             for r in responses:
                 assert r.status_code == status, (name, r.text[:300])

@@ -7,24 +7,16 @@ import openai
 import pytest
 
 from nano_infer import LLM, SamplingParams
-from nano_infer.async_engine import AsyncLLM
-from nano_infer.server import BackgroundServer, public_model_name
+from engine_checks import serving
+from nano_infer.server import public_model_name
 
 CHAT = [{"role": "user", "content": "To be, or not to be?"}]
 
 
 @pytest.fixture(scope="module")
-def allm(qwen2_dir):
-    llm = AsyncLLM(str(qwen2_dir), dtype="float32", block_size=4)
-    yield llm
-    llm.shutdown()
-
-
-@pytest.fixture(scope="module")
-def server(allm):
-    srv = BackgroundServer(allm)
-    yield srv
-    srv.stop()
+def served(qwen2_dir):
+    with serving(qwen2_dir) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")

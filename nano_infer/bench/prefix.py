@@ -142,7 +142,7 @@ class RequestRecord:
 class RunResult:
     label: str
     records: list[RequestRecord] = field(default_factory=list)
-    evicted_blocks: int | None = None  # from the block log, when the engine keeps one
+    evicted_blocks: int = 0  # cached blocks given up to make room during the run
 
     @property
     def prompt_tokens(self) -> int:
@@ -192,9 +192,9 @@ def run_one(llm, prompt_ids: list[int], max_tokens: int) -> tuple[RequestRecord,
     return record, out
 
 
-def _evictions(llm) -> int | None:
-    log = llm.engine.kv.log if llm.engine.kv is not None else None
-    return None if log is None else sum(e.op == "evict" for e in log)
+def _evictions(llm) -> int:
+    """Blocks the engine's prefix cache has evicted so far (0 without a paged cache: nothing to evict)."""
+    return getattr(llm.engine.kv, "num_evicted_blocks", 0)
 
 
 def run_workload(llm, workload: ChatWorkload, max_tokens: int = 16, label: str | None = None) -> RunResult:
@@ -208,8 +208,7 @@ def run_workload(llm, workload: ChatWorkload, max_tokens: int = 16, label: str |
         record, out = run_one(llm, chat_prompt(llm.tokenizer, messages), max_tokens)
         history[path] = messages + [{"role": "assistant", "content": out.outputs[0].text}]
         result.records.append(record)
-    if evicted_before is not None:
-        result.evicted_blocks = _evictions(llm) - evicted_before
+    result.evicted_blocks = _evictions(llm) - evicted_before
     return result
 
 

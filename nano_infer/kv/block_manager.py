@@ -43,6 +43,7 @@ class BlockManager:
         self.free_blocks: deque[int] = deque(range(num_blocks))
         self.prefix_cache = None  # set by the engine when prefix caching is on
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block copies the runner must do
+        self.num_evicted_blocks = 0  # cached blocks the prefix cache gave back to make room, ever
         self.log: list[BlockEvent] | None = [] if log else None
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -82,6 +83,7 @@ class BlockManager:
         """The prefix cache evicted an idle block: it goes back to the free list."""
         assert self.ref_count[block] == 0, f"evicting block {block} still in use"
         self.free_blocks.append(block)
+        self.num_evicted_blocks += 1
         self._record("evict", None, block)
 
     def _take_block(self, seq: Sequence) -> int:

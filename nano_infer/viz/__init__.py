@@ -5,13 +5,28 @@ Import from the submodule that draws what you need, e.g. `from nano_infer.viz.me
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 
-def show_source(obj) -> None:
-    """Display the real source of a nano_infer function or class (never a copy that can drift)."""
-    from IPython.display import Code, display
+def show_source(obj, collapsed: bool = False) -> None:
+    """Display the real source of a nano_infer function or class (never a copy that can drift).
 
-    display(Code(inspect.getsource(obj), language="python"))
+    The first line says where it lives. `collapsed=True` folds a long listing into a block the
+    reader opens with a click, for code the prose only mentions.
+    """
+    from IPython.display import HTML, Code, display
+
+    lines, first = inspect.getsourcelines(obj)
+    path = Path(inspect.getsourcefile(obj)).resolve()
+    package_root = Path(__file__).resolve().parents[2]
+    where = path.relative_to(package_root) if path.is_relative_to(package_root) else path.name
+    code = Code(f"# {where}, lines {first}-{first + len(lines) - 1}\n" + "".join(lines), language="python")
+    if not collapsed:
+        display(code)
+        return
+    name = getattr(obj, "__qualname__", str(obj))
+    display(HTML(f"<details><summary><code>{name}</code>: {len(lines)} lines, click to show</summary>"
+                 f"{code._repr_html_()}</details>"))
 
 
 def stepper(draw, count: int, description: str = "step", interval_ms: int = 500):
