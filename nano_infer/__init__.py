@@ -1,4 +1,16 @@
 """nano_infer: an LLM inference engine built stage by stage, small enough to read."""
+import logging
+
+# The engine's startup line (dtype and KV capacity, and why) shows on stderr by default, as vLLM's does;
+# logging.getLogger("nano_infer").setLevel("WARNING") silences it.
+_logger = logging.getLogger(__name__)
+if not _logger.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("[nano_infer] %(message)s"))
+    _logger.addHandler(_handler)
+    _logger.setLevel(logging.INFO)
+    _logger.propagate = False
+
 from .async_engine import AsyncLLM
 from .engine import EngineConfig, LLMEngine
 from .llm import LLM

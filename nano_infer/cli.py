@@ -36,7 +36,7 @@ def announce_default_model() -> None:
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="hub id or local folder (default: NANO_INFER_MODEL, "
+    p.add_argument("--model", default=None, help="hub id, local folder or .gguf file (default: NANO_INFER_MODEL, "
                    "Qwen2.5-1.5B-Instruct on CUDA, else the model shipped in the package)")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")

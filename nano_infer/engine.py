@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -26,7 +28,7 @@ from .kv import BlockManager, ContiguousKVCache, KVPool
 from .kv.paged import kv_bytes_per_token, num_blocks_for_budget
 from .memory import StepRecorder
 from .model_runner import ModelRunner
-from .models.loader import default_model, load_config, load_model, pick_dtype, resolve_model_dir
+from .models.loader import default_model, load_config, load_model, pick_dtype, resolve_model
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .prefix import make_prefix_cache
 from .sampling import sample, seeded_generator
@@ -35,12 +37,19 @@ from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
 from .spec import DraftProposer, SpeculativeConfig, SpeculativeDecoder
 
-CPU_KV_BUDGET = 256 * 1024**2  # bytes of KV pool on CPU unless kv_cache_memory says otherwise
+# KV pool on a CPU unless kv_cache_memory says otherwise: vLLM's CPU default of 4 GiB, or half the memory
+# still available after the weights, whichever is less (and never more than max_num_seqs full-length
+# sequences could use). The pool's pages are committed only as blocks fill (`kv.paged.lazy_zeros`).
+CPU_KV_BUDGET = 4 * 1024**3
+CPU_KV_AVAILABLE_FRACTION = 0.5
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class EngineConfig:
     model: str | None = None
+    gguf_file: str | None = None  # a GGUF file in the `model` folder (or pass the .gguf path as `model`)
     dtype: str | torch.dtype | None = "auto"
     device: str | None = None
     kv_cache: str = "paged"
@@ -97,15 +106,18 @@ class LLMEngine:
             raise TypeError(f"unknown engine option(s) {sorted(unknown)}; options are {sorted(EngineConfig.__dataclass_fields__)}")
         cfg = self.config = EngineConfig(model=model, **kwargs)
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = pick_dtype(self.device, cfg.dtype)
-        self.model_dir = resolve_model_dir(cfg.model or default_model())
+        self.dtype, dtype_reason = pick_dtype(self.device, cfg.dtype)
+        self.model_dir, self.gguf_file = resolve_model(cfg.model or default_model(), cfg.gguf_file)
         self.model_name = cfg.model or str(self.model_dir)
-        self.hf_config = load_config(self.model_dir)
+        self.hf_config = load_config(self.model_dir, self.gguf_file)
         self.max_model_len = cfg.max_model_len or min(self.hf_config.max_position_embeddings, 8192)
         if self.max_model_len > self.hf_config.max_position_embeddings:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={self.hf_config.max_position_embeddings}")
         self.tp, launch = self._tensor_parallel()
-        self.model = load_model(self.model_dir, self.hf_config, self.device, self.dtype, self.max_model_len, self.tp)
+        if self.tp is not None and self.gguf_file:
+            raise ValueError("a GGUF checkpoint with tensor_parallel_size > 1 is not supported; use the safetensors one")
+        self.model = load_model(self.model_dir, self.hf_config, self.device, self.dtype, self.max_model_len, self.tp,
+                                self.gguf_file)
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_token_ids()
         self.vocab_size = self.hf_config.vocab_size
@@ -151,6 +163,8 @@ class LLMEngine:
         self.recorder = StepRecorder() if cfg.record_steps else None
         self.num_steps = 0
         self.num_generated_tokens = 0
+        self.startup_line = self._describe(dtype_reason)
+        logger.info(self.startup_line)
 
     # -- construction ------------------------------------------------------------------------
     def _tensor_parallel(self):
@@ -194,10 +208,20 @@ class LLMEngine:
         if self.executor is not None:
             self.executor.shutdown()
 
+    def _describe(self, dtype_reason: str) -> str:
+        """One line on what was chosen and why: the dtype, and how many tokens of KV fit."""
+        name = self.gguf_file or (self.model_dir.name if Path(self.model_name).exists() else self.model_name)
+        line = f"{name}: {str(self.dtype).removeprefix('torch.')} ({dtype_reason}) on {self.device}"
+        if self.kv is None:
+            return line + ", no KV cache"
+        tokens = self.kv.num_blocks * self.kv.block_size
+        return (f"{line}, {self.config.kv_cache} KV cache of {self.kv_pool.nbytes / 2**20:,.1f} MiB "
+                f"= {tokens:,} tokens ({self.kv_bytes_per_token:,} bytes per token)")
+
     def _load_tokenizer(self):
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(self.model_dir)
+        return AutoTokenizer.from_pretrained(self.model_dir, gguf_file=self.gguf_file)
 
     def _eos_token_ids(self) -> set[int]:
         ids = set()
@@ -220,7 +244,9 @@ class LLMEngine:
             # leave room for activations: a step of max_num_batched_tokens through the widest layer
             activations = 8 * cfg.max_num_batched_tokens * max(self.hf_config.intermediate_size, self.vocab_size) * 4
             return int(total * cfg.gpu_memory_utilization - torch.cuda.memory_allocated(self.device) - activations)
-        return CPU_KV_BUDGET
+        import psutil
+
+        return min(CPU_KV_BUDGET, int(psutil.virtual_memory().available * CPU_KV_AVAILABLE_FRACTION))
 
     def _make_kv_cache(self):
         cfg = self.config

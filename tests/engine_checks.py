@@ -29,7 +29,7 @@ def serving(model_dir, **options):
     from nano_infer.async_engine import AsyncLLM
     from nano_infer.server import BackgroundServer
 
-    llm = AsyncLLM(str(model_dir), block_size=4, **options)
+    llm = AsyncLLM(str(model_dir), dtype="float32", block_size=4, **options)
     server = BackgroundServer(llm)
     try:
         yield llm, server

@@ -8,7 +8,7 @@ from nano_infer.sampling import apply_top_k_top_p
 
 @pytest.fixture(scope="module")
 def llm(qwen2_dir):
-    return LLM(str(qwen2_dir), block_size=4)
+    return LLM(str(qwen2_dir), dtype="float32", block_size=4)
 
 
 def assert_clean(engine):
@@ -66,7 +66,7 @@ def test_unknown_engine_option_is_rejected(qwen2_dir):
 
 
 def test_request_that_can_never_fit_is_rejected_and_one_that_can_waits(qwen2_dir):
-    llm = LLM(str(qwen2_dir), block_size=4, num_kv_blocks=8, prefix_cache=None)
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, num_kv_blocks=8, prefix_cache=None)
     with pytest.raises(ValueError, match="could never fit"):
         llm.generate(prompt_token_ids=[[5] * 10], sampling_params=SamplingParams(max_tokens=40))
     # each fits alone (7 blocks), not together: the second waits, both finish
@@ -97,12 +97,12 @@ def test_top_k_top_p_keep_the_right_tokens():
 def test_n_samples_share_prompt_blocks(qwen2_dir, tokenizer):
     prompt = tokenizer.encode("To be, or not to be, that is the question: whether 'tis nobler in the mind")
     params = SamplingParams(n=4, temperature=1.0, max_tokens=6, seed=3, ignore_eos=True)
-    llm = LLM(str(qwen2_dir), block_size=4, prefix_cache=None, record_steps=True)
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, prefix_cache=None, record_steps=True)
     out = llm.generate(prompt_token_ids=[prompt], sampling_params=params)[0]
     assert [c.index for c in out.outputs] == [0, 1, 2, 3]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1, "samples should differ"
     peak_shared = max(llm.engine.kv.num_blocks - r.num_free_blocks for r in llm.engine.history)
-    solo = LLM(str(qwen2_dir), block_size=4, prefix_cache=None, record_steps=True)
+    solo = LLM(str(qwen2_dir), dtype="float32", block_size=4, prefix_cache=None, record_steps=True)
     solo.generate(prompt_token_ids=[prompt] * 4, sampling_params=SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True))
     peak_independent = max(solo.engine.kv.num_blocks - r.num_free_blocks for r in solo.engine.history)
     blocks_per_prompt = -(-len(prompt) // 4)
@@ -117,7 +117,7 @@ def test_n_samples_share_prompt_blocks(qwen2_dir, tokenizer):
 def test_forked_samples_count_against_max_num_seqs(qwen2_dir, tokenizer):
     """A request with n samples takes n seats from admission on: its forks never push the running batch past
     max_num_seqs, and n > max_num_seqs is refused up front."""
-    llm = LLM(str(qwen2_dir), block_size=4, max_num_seqs=3)
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, max_num_seqs=3)
     engine = llm.engine
     with pytest.raises(ValueError, match="n=4 samples run side by side, but max_num_seqs=3"):
         engine.add_request("too-many", "To be", SamplingParams(n=4))
@@ -153,8 +153,8 @@ def test_stop_strings_and_stop_token_ids(llm):
 
 
 def test_eos_ends_the_request_unless_ignored(qwen2_dir):
-    engine = LLMEngine(str(qwen2_dir))
-    ref = LLM(str(qwen2_dir)).generate(prompt_token_ids=[[7, 8, 9]], sampling_params=SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0].outputs[0].token_ids
+    engine = LLMEngine(str(qwen2_dir), dtype="float32")
+    ref = LLM(str(qwen2_dir), dtype="float32").generate(prompt_token_ids=[[7, 8, 9]], sampling_params=SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0].outputs[0].token_ids
     engine.eos_token_ids = {ref[5]}  # pretend the 6th greedy token is EOS
     engine.add_request("r", prompt_token_ids=[7, 8, 9], params=SamplingParams(temperature=0, max_tokens=30))
     while engine.has_unfinished_requests():
@@ -195,7 +195,7 @@ def test_cli_generate_streams_text(qwen2_dir, capsys):
 
     assert main(["generate", "To be, or not", "--model", str(qwen2_dir), "--max-tokens", "8", "--ignore-eos"]) == 0
     printed = capsys.readouterr().out
-    expected = LLM(str(qwen2_dir)).generate(["To be, or not"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    expected = LLM(str(qwen2_dir), dtype="float32").generate(["To be, or not"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert printed == expected[0].outputs[0].text + "\n"
     assert main(["generate", "x", "--model", str(qwen2_dir), "--max-tokens", "0"]) == 2
     assert "max_tokens" in capsys.readouterr().err

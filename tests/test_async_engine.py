@@ -16,12 +16,12 @@ MESSAGES = [{"role": "user", "content": "To be, or not to be?"}]
 
 @pytest.fixture(scope="module")
 def ref(qwen2_dir):
-    return LLM(str(qwen2_dir))
+    return LLM(str(qwen2_dir), dtype="float32")
 
 
 @pytest.fixture(scope="module")
 def allm(qwen2_dir):
-    llm = AsyncLLM(str(qwen2_dir), block_size=4)
+    llm = AsyncLLM(str(qwen2_dir), dtype="float32", block_size=4)
     yield llm
     llm.shutdown()
 
@@ -196,7 +196,7 @@ def test_a_consumer_that_falls_behind_gets_one_merged_delta(allm, ref):
 
 
 def test_shutdown_ends_running_requests_and_refuses_new_ones(qwen2_dir):
-    llm = AsyncLLM(str(qwen2_dir))
+    llm = AsyncLLM(str(qwen2_dir), dtype="float32")
 
     async def main():
         outputs = llm.generate("To be", SamplingParams(max_tokens=400, ignore_eos=True))

@@ -11,7 +11,7 @@ import torch
 
 from nano_infer.bench.__main__ import main
 from nano_infer.bench.compare import Bench, mean_decode_context
-from nano_infer.bench.random_model import random_qwen2_model
+from nano_infer.bench.random_model import random_model
 from nano_infer.bench.roofline import flops_per_token, matmul_params, workload_flops
 from nano_infer.bench.workload import (BenchRequest, Workload, make_workload, ordinary_token_ids, percentile,
                                        result_from_token_times)
@@ -79,20 +79,22 @@ def test_workload_flops_is_every_forwarded_token(qwen2_dir):
 def test_random_model_has_the_shape_and_ties_the_head(tmp_path, qwen2_dir):
     from transformers import AutoModelForCausalLM
 
-    dims = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
-                intermediate_size=96, max_position_embeddings=256, tie_word_embeddings=True)
-    folder = random_qwen2_model(qwen2_dir, dims, out_dir=tmp_path / "m")
+    dims = dict(model_type="llama", hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                intermediate_size=96, vocab_size=1000, max_position_embeddings=256, tie_word_embeddings=True)
+    folder = random_model(qwen2_dir, dims, "m", out_dir=tmp_path / "m")
     model = AutoModelForCausalLM.from_pretrained(folder)
-    assert model.config.hidden_size == 48 and model.config.num_key_value_heads == 2
-    assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    assert model.config.model_type == "llama" and model.config.hidden_size == 48 and model.config.num_key_value_heads == 2
+    assert model.config.vocab_size == 1000 and torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
-    assert random_qwen2_model(qwen2_dir, dims, out_dir=tmp_path / "m") == folder
+    assert random_model(qwen2_dir, dims, "m", out_dir=tmp_path / "m") == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
+    with pytest.raises(ValueError, match="smaller than the tokenizer"):
+        random_model(qwen2_dir, {**dims, "vocab_size": 10}, "m2", out_dir=tmp_path / "m2")
 
 
 @pytest.fixture(scope="module")
 def bench(qwen2_dir):
-    b = Bench(qwen2_dir, static_batch_size=2)
+    b = Bench(qwen2_dir, static_batch_size=2, dtype="float32")
     yield b
     b.close()
 
@@ -120,18 +122,33 @@ def test_nano_runs_leave_the_engine_clean(bench):
     assert not bench.engine.scheduler.running and not bench.engine.scheduler.waiting
 
 
+def test_one_chat_latency_alternates_engines_and_reports_medians(bench):
+    result = bench.latency(prompt_len=6, output_len=5, rounds=3, log=lambda *_: None)
+    assert set(result["ms_per_token"]) == {"nano_infer", "hf_generate"}
+    for name, rows in result["per_round"].items():
+        assert len(rows) == 3 and all(row["output_tokens"] == 5 for row in rows)
+        assert 0 < result["ms_per_token"][name] == pytest.approx(statistics.median(row["itl_mean_ms"] for row in rows))
+
+
 def test_command_line_writes_a_json_report(tmp_path, qwen2_dir, capsys):
     report = main(["--quick", "--model", str(qwen2_dir), "--requests", "2", "--engines", "nano_infer", "hf_continuous",
-                   "--out", str(tmp_path)])
+                   "--dtype", "float32", "bfloat16", "--out", str(tmp_path)])
     files = list(tmp_path.glob("bench-*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text()) == json.loads(json.dumps(report))
-    workload = report["models"][0]["workloads"][0]
-    assert workload["num_requests"] == 2 and set(workload["ratios"]) == {"nano_infer / hf_continuous"}
-    ceiling = workload["ceiling_tokens_per_s"]
-    assert ceiling == pytest.approx(workload["output_tokens"] * workload["matmul_gflops"] * 1e9 / workload["work_flops"])
-    for name, share in workload["of_ceiling"].items():
-        assert 0 < share == pytest.approx(workload["median"][name]["tokens_per_s"] / ceiling)
-    assert "nano_infer / hf_continuous" in capsys.readouterr().out
+    assert [m["dtype"] for m in report["models"]] == ["float32", "bfloat16"]
+    for entry in report["models"]:
+        workload = entry["workloads"][0]
+        assert workload["num_requests"] == 2 and set(workload["ratios"]) == {"nano_infer / hf_continuous"}
+        ceiling = workload["ceiling_tokens_per_s"]
+        assert ceiling == pytest.approx(workload["output_tokens"] * workload["matmul_gflops"] * 1e9 / workload["work_flops"])
+        for name, share in workload["of_ceiling"].items():
+            assert 0 < share == pytest.approx(workload["median"][name]["tokens_per_s"] / ceiling)
+        assert set(entry["latency"]["ms_per_token"]) == {"nano_infer", "hf_generate"}
+    fp32, bf16 = (m["workloads"][0]["median"]["nano_infer"]["tokens_per_s"] for m in report["models"])
+    [line] = report["summary"]
+    assert line.startswith(f"{qwen2_dir}, 2 requests: float32: ") and f"bfloat16 / float32 = {bf16 / fp32:.2f}x" in line
+    out = capsys.readouterr().out
+    assert "nano_infer / hf_continuous" in out and line in out
 
 
 def test_attention_case_memory_gather_grows_blockwise_stays_flat():
@@ -154,7 +171,7 @@ def test_step_profile_accounts_for_the_step(qwen2_dir):
     from nano_infer.bench.profile import fill, step_breakdown
     from nano_infer.model_runner import ModelRunner
 
-    engine = LLMEngine(str(qwen2_dir))
+    engine = LLMEngine(str(qwen2_dir), dtype="float32")
     fill(engine, num_seqs=3, context=20)
     assert all(s.num_computed_tokens >= 20 for s in engine.scheduler.running) and not engine.scheduler.waiting
     per_step, pieces = step_breakdown(engine, steps=3)

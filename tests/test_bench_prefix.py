@@ -68,7 +68,7 @@ def test_ttft_comparison_arithmetic():
 
 @pytest.fixture(scope="module")
 def llms(qwen2_dir):
-    return {kind: LLM(str(qwen2_dir), prefix_cache=kind, block_size=8, num_kv_blocks=128)
+    return {kind: LLM(str(qwen2_dir), dtype="float32", prefix_cache=kind, block_size=8, num_kv_blocks=128)
             for kind in (None, "hash", "radix")}
 
 

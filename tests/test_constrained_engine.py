@@ -39,7 +39,7 @@ def check(outputs, schema=SCHEMA):
 
 @pytest.fixture(scope="module")
 def llm(qwen2_dir):
-    return LLM(str(qwen2_dir))
+    return LLM(str(qwen2_dir), dtype="float32")
 
 
 def test_greedy_and_seeded_sampled_outputs_validate(llm):
@@ -73,7 +73,7 @@ def test_a_bad_constraint_is_refused_and_the_engine_keeps_serving(llm):
 
 
 def test_shipped_tiny_model_extracts_json():
-    llm = LLM(str(TINY_MODEL_DIR))
+    llm = LLM(str(TINY_MODEL_DIR), dtype="float32")
     prompts = ["Ada is 36 and lives in Paris.", "小明住在北京。"]
     check(llm.generate(prompts, SamplingParams(json_schema=SCHEMA, temperature=0, max_tokens=120)))
     check(llm.generate(prompts, SamplingParams(json_schema=SCHEMA, temperature=0.7, seed=0, max_tokens=120, n=2)))

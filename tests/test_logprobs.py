@@ -6,7 +6,7 @@ from nano_infer import LLM, SamplingParams
 
 
 def test_logprobs_match_transformers(qwen2_dir, tokenizer):
-    llm = LLM(str(qwen2_dir), block_size=4)
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4)
     prompt = tokenizer.encode("To be, or not to be, that is")
     params = SamplingParams(temperature=0.9, seed=3, max_tokens=6, ignore_eos=True, logprobs=3, n=2)
     out = llm.generate(prompt_token_ids=[prompt], sampling_params=params)[0]
@@ -26,7 +26,7 @@ def test_logprobs_match_transformers(qwen2_dir, tokenizer):
 
 
 def test_no_logprobs_unless_asked(qwen2_dir):
-    llm = LLM(str(qwen2_dir), block_size=4)
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4)
     out = llm.generate(["To be"], SamplingParams(max_tokens=3, logprobs=0, ignore_eos=True))[0].outputs[0]
     assert [len(e) for e in out.logprobs] == [1, 1, 1] and list(out.logprobs[0]) == out.token_ids[:1]
     assert llm.generate(["To be"], SamplingParams(max_tokens=3))[0].outputs[0].logprobs is None

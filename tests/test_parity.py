@@ -39,7 +39,7 @@ def qwen2_reference(qwen2_dir, tokenizer):
 
 
 def test_logits_match_transformers(model_dir, tokenizer):
-    engine = LLMEngine(str(model_dir), kv_cache="none")
+    engine = LLMEngine(str(model_dir), dtype="float32", kv_cache="none")
     ids = torch.tensor(prompts(tokenizer)[1])
     backend = AttentionBackend("dense", None)
     backend.meta = AttentionMetadata(slot_mapping=None, prefills=[SeqSlice(0, len(ids), len(ids))])
@@ -54,7 +54,7 @@ def test_greedy_matches_transformers_for_each_family(model_dir, tokenizer):
     ps = prompts(tokenizer)
     ref = reference(model_dir, ps)
     assert all(len(set(r)) >= 4 for r in ref), f"random model too repetitive for a meaningful check: {ref}"
-    outs = LLM(str(model_dir)).generate(prompt_token_ids=ps, sampling_params=GREEDY)
+    outs = LLM(str(model_dir), dtype="float32").generate(prompt_token_ids=ps, sampling_params=GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == ref
     assert [o.prompt_token_ids for o in outs] == ps
 
@@ -82,7 +82,7 @@ CONFIGS = [
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_greedy_identical_for_every_configuration(config, qwen2_dir, qwen2_reference):
     ps, ref = qwen2_reference
-    llm = LLM(str(qwen2_dir), **config)
+    llm = LLM(str(qwen2_dir), dtype="float32", **config)
     first = llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)
     second = llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)  # with a prefix cache: hits now
     assert [o.outputs[0].token_ids for o in first] == ref
@@ -98,14 +98,14 @@ def test_greedy_identical_for_every_configuration(config, qwen2_dir, qwen2_refer
 
 def test_preemption_happens_and_output_is_unchanged(qwen2_dir, qwen2_reference):
     ps, ref = qwen2_reference
-    llm = LLM(str(qwen2_dir), block_size=4, num_kv_blocks=16, prefix_cache=None)
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, num_kv_blocks=16, prefix_cache=None)
     outs = llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert [o.outputs[0].token_ids for o in outs] == ref
 
 
 def test_chunked_prefill_mixes_prefill_and_decode_in_one_step(qwen2_dir, tokenizer):
-    llm = LLM(str(qwen2_dir), block_size=4, max_num_batched_tokens=6, record_steps=True)
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, max_num_batched_tokens=6, record_steps=True)
     llm.generate(prompt_token_ids=prompts(tokenizer)[:3], sampling_params=GREEDY)
     kinds = [{kind for *_, kind in rec.scheduled} for rec in llm.engine.history]
     assert any(k == {"prefill", "decode"} for k in kinds)

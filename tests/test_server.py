@@ -23,13 +23,13 @@ CHAT = [{"role": "user", "content": "To be, or not to be?"}]
 
 @pytest.fixture(scope="module")
 def ref(qwen2_dir):
-    return LLM(str(qwen2_dir))
+    return LLM(str(qwen2_dir), dtype="float32")
 
 
 @pytest.fixture(scope="module")
 def allm(qwen2_dir):
     # a small pool: 36 concurrent streams do not fit at once, so some get preempted and resumed
-    llm = AsyncLLM(str(qwen2_dir), block_size=4, num_kv_blocks=128)
+    llm = AsyncLLM(str(qwen2_dir), dtype="float32", block_size=4, num_kv_blocks=128)
     yield llm
     llm.shutdown()
 

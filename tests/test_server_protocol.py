@@ -87,7 +87,7 @@ def test_chat_logprobs_equal_the_engine_and_stream_the_same(client, model, qwen2
               if c.choices and c.choices[0].logprobs]
     streamed = [e for chunk in chunks for e in chunk]
     assert [(e.token, e.logprob) for e in whole] == [(e.token, e.logprob) for e in streamed] and len(whole) == 6
-    llm = LLM(str(qwen2_dir), block_size=4)
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4)
     ids = llm.apply_chat_template(CHAT)
     ref = llm.generate(prompt_token_ids=[ids], sampling_params=SamplingParams(
         temperature=0, max_tokens=6, ignore_eos=True, logprobs=2))[0].outputs[0]

@@ -46,7 +46,7 @@ def record():
 @pytest.fixture(scope="module")
 def llm():
     from nano_infer import LLM
-    return LLM(str(TINY))
+    return LLM(str(TINY), dtype="float32")
 
 
 def test_shipped_files_load_offline(hf):

@@ -11,7 +11,7 @@ PROMPT_LEN, BS = 19, 4  # 19 tokens: four full blocks and a partly filled fifth,
 
 @pytest.fixture(scope="module")
 def forked(qwen2_dir):
-    llm = LLM(str(qwen2_dir), kv_cache="paged", block_size=BS, num_kv_blocks=24, prefix_cache=None,
+    llm = LLM(str(qwen2_dir), dtype="float32", kv_cache="paged", block_size=BS, num_kv_blocks=24, prefix_cache=None,
               record_steps=True, log_blocks=True, max_model_len=256)
     prompt = [(5 * i) % 200 + 3 for i in range(PROMPT_LEN)]
     llm.generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(n=3, temperature=1.0, seed=0, max_tokens=6, ignore_eos=True))

@@ -14,7 +14,7 @@ def runs(qwen2_dir):
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     out = {}
     for kind in ("contiguous", "paged"):
-        llm = LLM(str(qwen2_dir), kv_cache=kind, block_size=BS, prefix_cache=None, record_steps=True, max_model_len=256)
+        llm = LLM(str(qwen2_dir), dtype="float32", kv_cache=kind, block_size=BS, prefix_cache=None, record_steps=True, max_model_len=256)
         llm.generate(prompt_token_ids=[prompt], sampling_params=params)
         out[kind] = (llm.engine.history, llm.engine.kv_bytes_per_token)
     return out

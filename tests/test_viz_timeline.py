@@ -61,7 +61,7 @@ def test_attention_scaling_figure_has_both_panels():
 
 def test_real_engine_history(qwen2_dir):
     """On a real run: each request's decodes form one unbroken run of max_tokens - 1 steps."""
-    llm = LLM(str(qwen2_dir), record_steps=True, max_num_batched_tokens=16, max_num_seqs=3)
+    llm = LLM(str(qwen2_dir), dtype="float32", record_steps=True, max_num_batched_tokens=16, max_num_seqs=3)
     prompts = [[5] * 30, [6] * 4, [7] * 9, [8] * 3]
     llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     segments = schedule_segments(llm.engine.history)

@@ -1,14 +1,17 @@
-"""`python -m nano_infer.bench` (`make bench`): nano_infer vs transformers, same weights, same process.
+"""`python -m nano_infer.bench` (`make bench`): nano_infer vs transformers, same weights, same dtype, same process.
 
-    python -m nano_infer.bench                        # shipped model (32 and 128 requests), then the 0.5B shape
+    python -m nano_infer.bench                        # shipped model, then the SmolLM2-135M and Qwen2.5-0.5B shapes,
+                                                      # each in float32 and in bfloat16
     python -m nano_infer.bench --quick                # a smoke run: shipped model, 8 short requests, 1 round
-    python -m nano_infer.bench --model qwen2.5-0.5b-shape --requests 32 --rounds 1
-    python -m nano_infer.bench --model /path/to/hf/checkpoint --engines nano_infer hf_continuous
+    python -m nano_infer.bench --model smollm2-135m-shape --requests 32 --rounds 1 --dtype bfloat16
+    python -m nano_infer.bench --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --engines nano_infer hf_continuous
 
-Prints a table per workload and writes everything (every round, medians, ratios, the
-machine) to bench_results/bench-<time>.json. The default run takes about 6 minutes on an
-idle 2-core CPU (most of it transformers on the 0.5B shape); a loaded machine stretches
-the wall times, which is why the ratios are taken per round and also per CPU-second.
+Prints a table per workload, a one-chat latency line per model and dtype, and a summary;
+writes everything (every round, medians, ratios, the machine) to
+bench_results/bench-<time>.json. The default run should take 15-20 minutes on an idle 2-core
+CPU (estimated from its parts; most of it is transformers on the two real shapes); a loaded
+machine stretches the wall times, which is why the ratios are taken per round and also per
+CPU-second.
 """
 from __future__ import annotations
 
@@ -21,17 +24,24 @@ from pathlib import Path
 
 import torch
 
-from ..models.loader import default_model, resolve_model_dir
+from ..models.loader import default_model, pick_dtype, resolve_model_dir
 from .compare import ENGINES, Bench, device_name
-from .random_model import random_qwen2_model
+from .random_model import QWEN2_5_0_5B, SMOLLM2_135M, random_model
 from .roofline import decode_throughput, matmul_gflops
 
-SHAPE_0_5B = "qwen2.5-0.5b-shape"
-# per model: request counts and length ranges; the 0.5B shape is ~70x the work per token
+SHAPES = {"smollm2-135m-shape": SMOLLM2_135M, "qwen2.5-0.5b-shape": QWEN2_5_0_5B}
+DTYPES = ["float32", "bfloat16"]
+# per model: request counts, length ranges, rounds, dtypes, and the one-chat latency case (prompt, outputs).
+# Chat-length prompts for the real shapes: a system prompt and a question, answers of a paragraph. Static
+# batches run one after another, so past `static_max_requests` their tokens/s would not change: left out.
 PRESETS = {
-    "default": dict(requests=[32, 128], prompt_len=(16, 192), output_len=(32, 96), rounds=3),
-    SHAPE_0_5B: dict(requests=[32], prompt_len=(16, 128), output_len=(32, 64), rounds=1),
-    "quick": dict(requests=[8], prompt_len=(16, 64), output_len=(8, 16), rounds=1),
+    "default": dict(requests=[32, 128], prompt_len=(16, 192), output_len=(32, 96), rounds=2, dtypes=DTYPES,
+                    latency=(128, 64)),
+    "smollm2-135m-shape": dict(requests=[32, 128], prompt_len=(48, 192), output_len=(32, 64), rounds=2, dtypes=DTYPES,
+                               latency=(128, 48), static_max_requests=32),
+    "qwen2.5-0.5b-shape": dict(requests=[32], prompt_len=(48, 128), output_len=(16, 32), rounds=1, dtypes=DTYPES,
+                               latency=(128, 24)),
+    "quick": dict(requests=[8], prompt_len=(16, 64), output_len=(8, 16), rounds=1, dtypes=["auto"], latency=(16, 6)),
 }
 COLUMNS = [("tokens_per_s", "tok/s", "{:9.1f}"), ("tokens_per_cpu_s", "tok/CPU-s", "{:9.1f}"), ("ttft_p50_ms", "TTFT p50 ms", "{:11.0f}"),
            ("ttft_p99_ms", "TTFT p99 ms", "{:11.0f}"), ("itl_p50_ms", "ITL p50 ms", "{:10.1f}"),
@@ -41,17 +51,22 @@ COLUMNS = [("tokens_per_s", "tok/s", "{:9.1f}"), ("tokens_per_cpu_s", "tok/CPU-s
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m nano_infer.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--model", nargs="+", default=["default", SHAPE_0_5B],
-                   help=f"'default' (the shipped model, or NANO_INFER_MODEL), '{SHAPE_0_5B}' (random weights, "
-                        "built offline), or a checkpoint folder")
+    p.add_argument("--model", nargs="+", default=["default", *SHAPES],
+                   help=f"'default' (the shipped model, or NANO_INFER_MODEL), {' or '.join(map(repr, SHAPES))} "
+                        "(random weights, built offline), a checkpoint folder or a .gguf file")
     p.add_argument("--requests", type=int, nargs="+", help="request counts (default: per model, see PRESETS)")
     p.add_argument("--rounds", type=int, help="rounds per workload, medians reported (default: per model, see PRESETS)")
+    p.add_argument("--prompt-len", type=int, nargs=2, metavar=("MIN", "MAX"), help="prompt lengths (default: per model)")
+    p.add_argument("--output-len", type=int, nargs=2, metavar=("MIN", "MAX"), help="output lengths (default: per model)")
+    p.add_argument("--dtype", nargs="+", help="dtypes to run, each for both engines (default: per model, "
+                   f"see PRESETS: {' and '.join(DTYPES)}); 'auto' is the engine's own choice")
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--static-batch-size", type=int, default=8)
     p.add_argument("--attention", default="gather", choices=["gather", "blockwise"])
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="8 short requests, 1 round, default model only")
+    p.add_argument("--no-latency", action="store_true", help="skip the one-chat latency case")
+    p.add_argument("--quick", action="store_true", help="8 short requests, 1 round, the engine's dtype, default model only")
     p.add_argument("--out", default="bench_results", help="folder for the JSON report")
     args = p.parse_args(argv)
     if args.quick and args.model == p.get_default("model"):
@@ -59,14 +74,14 @@ def parse_args(argv=None):
     return args
 
 
-def model_folder(name: str) -> tuple[Path, str]:
-    """(checkpoint folder, preset name) for a --model value."""
+def model_folder(name: str) -> tuple[str, str]:
+    """(checkpoint folder or .gguf file, preset name) for a --model value."""
     if name == "default":
-        return resolve_model_dir(default_model()), "default"
-    if name == SHAPE_0_5B:
-        print(f"building (or reusing) a random-weight {SHAPE_0_5B} model ...", flush=True)
-        return random_qwen2_model(resolve_model_dir(default_model())), SHAPE_0_5B
-    return resolve_model_dir(name), "default"
+        return str(resolve_model_dir(default_model())), "default"
+    if name in SHAPES:
+        print(f"building (or reusing) a random-weight {name} model ...", flush=True)
+        return str(random_model(resolve_model_dir(default_model()), SHAPES[name], name)), name
+    return name, "default"
 
 
 def format_table(result: dict) -> str:
@@ -106,50 +121,82 @@ def decode_roofline(bench: Bench, num_seqs: int, prompt_len: tuple[int, int], gf
     return decode
 
 
+def run_model(args, name: str, folder: str, preset: dict, dtype: str, report: dict) -> dict:
+    """Every workload of one model in one dtype, both engines in that dtype; the ceiling from a matmul in it."""
+    bench = Bench(folder, args.engines, args.static_batch_size, attention=args.attention, dtype=dtype)
+    cfg, engine = bench.engine.hf_config, bench.engine
+    params = sum(p.numel() for p in engine.model.parameters())
+    dtype_name = str(engine.dtype).removeprefix("torch.")
+    print(f"\n== {name} in {dtype_name}: {folder} ({params / 1e6:.1f}M params, {cfg.num_hidden_layers} layers, "
+          f"hidden {cfg.hidden_size}, vocab {cfg.vocab_size}) on {report['device']}", flush=True)
+    gflops = matmul_gflops(dtype=engine.dtype, device=engine.device)
+    entry = {"model": name, "folder": folder, "dtype": dtype_name, "params": params, "workloads": [],
+             "nano_options": {"attention": args.attention, "max_num_seqs": engine.config.max_num_seqs,
+                              "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+                              "block_size": engine.config.block_size, "prefix_cache": type(engine.prefix_cache).__name__}}
+    for n in args.requests or preset["requests"]:
+        print(f"-- {n} requests, prompts {preset['prompt_len']}, outputs {preset['output_len']} tokens", flush=True)
+        result = bench.run(n, args.rounds or preset["rounds"], args.seed, preset["prompt_len"], preset["output_len"],
+                           static=n <= preset.get("static_max_requests", n))
+        # the roofline peak is re-measured after each workload and the best kept: load only ever lowers it
+        gflops = max(gflops, matmul_gflops(dtype=engine.dtype, device=engine.device))
+        ceiling = result["output_tokens"] * gflops * 1e9 / result["work_flops"]
+        result.update(matmul_gflops=gflops, ceiling_tokens_per_s=ceiling, of_ceiling={
+            e: row["tokens_per_s"] / ceiling for e, row in result["median"].items()})
+        entry["workloads"].append(result)
+        print(format_table(result), flush=True)
+    if "nano_infer" in args.engines:
+        if not args.no_latency:
+            entry["latency"] = bench.latency(*preset["latency"], rounds=max(3, args.rounds or preset["rounds"]), seed=args.seed)
+        entry["decode"] = decode_roofline(bench, max(args.requests or preset["requests"]), preset["prompt_len"], gflops)
+    bench.close()
+    return entry
+
+
+def summarize(models: list[dict]) -> list[str]:
+    """The headline per model and workload: each dtype's ratio over transformers' continuous batching and share
+    of that dtype's ceiling, then bfloat16's speed-up over float32 for nano_infer."""
+    lines, by_key = [], {}
+    for entry in models:
+        for w in entry["workloads"]:
+            by_key.setdefault((entry["model"], w["num_requests"]), {})[entry["dtype"]] = w
+    for (model, n), per_dtype in by_key.items():
+        parts = []
+        for dtype, w in per_dtype.items():
+            cb = w["ratios"].get("nano_infer / hf_continuous", {}).get("median")
+            parts.append(f"{dtype}: {w['median']['nano_infer']['tokens_per_s']:.1f} tok/s"
+                         + (f", {cb:.2f}x transformers CB" if cb else "") + f", {w['of_ceiling']['nano_infer']:.0%} of ceiling")
+        if {"float32", "bfloat16"} <= set(per_dtype):
+            fp32, bf16 = (per_dtype[d]["median"]["nano_infer"]["tokens_per_s"] for d in ("float32", "bfloat16"))
+            parts.append(f"bfloat16 / float32 = {bf16 / fp32:.2f}x")
+        lines.append(f"{model}, {n} requests: " + "; ".join(parts))
+    return lines
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    auto = str(pick_dtype(torch.device("cuda" if torch.cuda.is_available() else "cpu"), "auto")[0]).removeprefix("torch.")
     report = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:], "device": device_name(),
-              "platform": platform.platform(), "torch": torch.__version__, "models": []}
+              "platform": platform.platform(), "torch": torch.__version__, "auto_dtype": auto, "models": []}
     try:
         import transformers
         report["transformers"] = transformers.__version__
     except ImportError:
         pass
-    for name in args.model:
-        folder, preset_name = model_folder(name)
-        preset = PRESETS["quick" if args.quick else preset_name]
-        bench = Bench(folder, args.engines, args.static_batch_size, attention=args.attention)
-        cfg = bench.engine.hf_config
-        params = sum(p.numel() for p in bench.engine.model.parameters())
-        print(f"\n== {name}: {folder} ({params / 1e6:.1f}M params, {cfg.num_hidden_layers} layers, "
-              f"hidden {cfg.hidden_size}) on {report['device']}", flush=True)
-        gflops = matmul_gflops(dtype=bench.engine.dtype, device=bench.engine.device)
-        entry = {"model": name, "folder": str(folder), "params": params, "workloads": [],
-                 "nano_options": {"attention": args.attention, "max_num_seqs": bench.engine.config.max_num_seqs,
-                                  "max_num_batched_tokens": bench.engine.config.max_num_batched_tokens,
-                                  "block_size": bench.engine.config.block_size,
-                                  "prefix_cache": type(bench.engine.prefix_cache).__name__}}
-        for n in args.requests or preset["requests"]:
-            print(f"-- {n} requests, prompts {preset['prompt_len']}, outputs {preset['output_len']} tokens", flush=True)
-            result = bench.run(n, args.rounds or preset["rounds"], args.seed, preset["prompt_len"], preset["output_len"])
-            # the roofline peak is re-measured after each workload and the best kept: load only ever lowers it
-            gflops = max(gflops, matmul_gflops(dtype=bench.engine.dtype, device=bench.engine.device))
-            ceiling = result["output_tokens"] * gflops * 1e9 / result["work_flops"]
-            result.update(matmul_gflops=gflops, ceiling_tokens_per_s=ceiling, of_ceiling={
-                engine: row["tokens_per_s"] / ceiling for engine, row in result["median"].items()})
-            entry["workloads"].append(result)
-            print(format_table(result), flush=True)
-        if "nano_infer" in args.engines:
-            entry["decode"] = decode_roofline(bench, max(args.requests or preset["requests"]), preset["prompt_len"], gflops)
-        bench.close()
-        report["models"].append(entry)
-        del bench
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(report, indent=1))
+    for name in args.model:
+        folder, preset_name = model_folder(name)
+        preset = dict(PRESETS["quick" if args.quick else preset_name])
+        preset.update({k: tuple(getattr(args, k)) for k in ("prompt_len", "output_len") if getattr(args, k)})
+        for dtype in args.dtype or preset["dtypes"]:
+            report["models"].append(run_model(args, name, folder, preset, dtype, report))
+            report["summary"] = summarize(report["models"])
+            path.write_text(json.dumps(report, indent=1))  # after each model and dtype: a long run keeps what it did
+    print(f"\n== summary (dtype='auto' here is {auto})", *report["summary"], sep="\n")
     print(f"\nwrote {path}")
     return report
 

@@ -38,16 +38,17 @@ class Bench:
         self.hf = None
         if any(e.startswith("hf_") for e in self.engines):
             self.hf = AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=self.engine.dtype, attn_implementation="sdpa").to(self.engine.device).eval()
+                self.engine.model_dir, gguf_file=self.engine.gguf_file, dtype=self.engine.dtype,
+                attn_implementation="sdpa").to(self.engine.device).eval()
         tok = self.engine.tokenizer
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.token_ids = ordinary_token_ids(tok)
 
-    def _runners(self, workload: Workload) -> dict:
+    def _runners(self, workload: Workload, static: bool = True) -> dict:
         runners = {}
         if "nano_infer" in self.engines:
             runners["nano_infer"] = lambda w: run_nano(self.engine, w)
-        if "hf_static" in self.engines:
+        if "hf_static" in self.engines and static:
             runners[f"hf_static_b{self.static_batch_size}"] = lambda w: run_hf_static(
                 self.hf, w, self.static_batch_size, self.pad_token_id)
         if "hf_continuous" in self.engines:
@@ -56,13 +57,16 @@ class Bench:
         return runners
 
     def run(self, num_requests: int, rounds: int = 3, seed: int = 0, prompt_len=(16, 192), output_len=(32, 96),
-            log=print) -> dict:
-        """Warm every engine up, then `rounds` rounds on fresh prompts of the same shape. JSON-ready result."""
+            log=print, static: bool = True) -> dict:
+        """Warm every engine up, then `rounds` rounds on fresh prompts of the same shape. JSON-ready result.
+
+        `static=False` leaves out transformers' static batches: they run one after another, so their tokens/s
+        at 128 requests is what it is at 32, and they are the slowest engine to wait for."""
         def workload(round, n=num_requests, out=output_len):
             return make_workload(n, self.token_ids, seed, round, prompt_len, out)
 
         shape = workload(0)
-        runners = self._runners(shape)
+        runners = self._runners(shape, static)
         for name, run in runners.items():  # first calls pay for allocation and lazy init
             run(workload(-1, n=min(4, num_requests), out=(4, 8)))
         names = list(runners)
@@ -81,6 +85,29 @@ class Bench:
             "ratios": ratios(per_round),
             "per_round": per_round,
         }
+
+    def latency(self, prompt_len: int, output_len: int, rounds: int = 3, seed: int = 0, log=print) -> dict:
+        """One request alone, what a learner chatting with the model feels: time to the first token and ms per
+        output token after it, nano_infer vs transformers `generate()` on the same prompt, alternating, medians."""
+        def workload(round):
+            return make_workload(1, self.token_ids, seed, round, (prompt_len, prompt_len), (output_len, output_len))
+
+        runners = {"nano_infer": lambda w: run_nano(self.engine, w)}
+        if self.hf is not None:
+            runners["hf_generate"] = lambda w: run_hf_static(self.hf, w, 1, self.pad_token_id, name="hf_generate")
+        for run in runners.values():
+            run(make_workload(1, self.token_ids, seed, -1, (prompt_len, prompt_len), (4, 4)))  # warm-up
+        per_round = {name: [] for name in runners}
+        for r in range(rounds):
+            for name in list(runners)[r % len(runners):] + list(runners)[: r % len(runners)]:
+                per_round[name].append(runners[name](workload(r + 1)).summary())
+        median = {name: median_summary(rows) for name, rows in per_round.items()}
+        result = {"prompt_len": prompt_len, "output_len": output_len, "rounds": rounds,
+                  "ms_per_token": {name: row["itl_mean_ms"] for name, row in median.items()},
+                  "ttft_ms": {name: row["ttft_p50_ms"] for name, row in median.items()}, "per_round": per_round}
+        log("-- one chat alone, " + f"{prompt_len}-token prompt, {output_len} tokens: " + ", ".join(
+            f"{name} {ms:.1f} ms/token (TTFT {result['ttft_ms'][name]:.0f} ms)" for name, ms in result["ms_per_token"].items()))
+        return result
 
     def decode_flops_per_token(self, context_len: float) -> float:
         return flops_per_token(self.engine.hf_config, context_len)

@@ -100,13 +100,15 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--attention", default="gather", choices=["gather", "blockwise"])
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    engine = LLMEngine(args.model or default_model(), attention=args.attention, max_num_seqs=max(64, args.seqs))
+    engine = LLMEngine(args.model or default_model(), attention=args.attention, max_num_seqs=max(64, args.seqs),
+                       dtype=args.dtype)
     fill(engine, args.seqs, args.context)
     engine.step()  # one warm step outside the measurement
     per_step, pieces = step_breakdown(engine, args.steps)
-    print(f"{args.seqs} sequences decoding at ~{args.context} tokens of context, attention={args.attention!r}, "
+    print(f"{args.seqs} sequences decoding at ~{args.context} tokens of context, {engine.dtype}, attention={args.attention!r}, "
           f"{args.threads} thread(s): {per_step * 1e3:.2f} ms CPU per step = {args.seqs / per_step:.0f} tokens per CPU-second")
     for label, seconds in sorted(pieces.items(), key=lambda kv: -kv[1]):
         print(f"  {label:50s} {seconds * 1e3:8.3f} ms  {seconds / per_step:6.1%}")

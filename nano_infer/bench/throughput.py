@@ -85,7 +85,8 @@ def run_hf_static(model, workload: Workload, batch_size: int, pad_token_id: int,
         mask = torch.arange(width, device=device) >= pad[:, None]
         new_tokens = max(r.max_tokens for r in batch)
         clock = _StepClock()
-        config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=pad_token_id)
+        # eos -1: no token ends a row early (None would fall back to the model's own EOS)
+        config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=pad_token_id)
         model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config, streamer=clock)
         steps = clock.times[1:]  # the first put() is the prompt
         token_times += [[t - t0 for t in steps[: r.max_tokens]] for r in batch]

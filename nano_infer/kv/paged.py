@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -29,7 +30,10 @@ class KVPool:
 
     def __post_init__(self):
         shape = (self.num_layers, 2, self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim)
-        self.tensor = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if torch.device(self.device).type == "cpu":
+            self.tensor = lazy_zeros(shape, self.dtype)
+        else:
+            self.tensor = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     @property
     def bytes_per_token(self) -> int:
@@ -44,6 +48,21 @@ class KVPool:
         bs = self.block_size
         for src, dst in copies:
             self.tensor[:, :, dst * bs : (dst + 1) * bs] = self.tensor[:, :, src * bs : (src + 1) * bs]
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero-filled CPU tensor whose memory is committed page by page as it is first written.
+
+    torch.zeros writes every byte up front: seconds for a pool of a few GiB, all of it resident
+    before a single request. numpy's zeros comes from calloc, which for a large size maps fresh
+    pages the OS zeroes on first touch, so a pool sized for the worst case costs memory only
+    as blocks are used. (The zeros matter: padded reads of unwritten slots must be finite.)
+    """
+    numel = int(np.prod(shape))
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    raw = torch.from_numpy(np.zeros(nbytes + 64, dtype=np.uint8))
+    start = -raw.data_ptr() % 64  # cache-line aligned, like torch's own allocations
+    return raw[start : start + nbytes].view(dtype).view(shape)
 
 
 def num_blocks_for_budget(budget_bytes: int, bytes_per_token: int, block_size: int) -> int:

@@ -1,4 +1,4 @@
-"""Find a model (hub id, local folder, or the shipped tiny model) and load it without a second copy.
+"""Find a model (hub id, local folder, GGUF file, or the shipped tiny model) and load it without a second copy.
 
 The module is built on the meta device (no memory), then each tensor is read from the
 safetensors files straight onto the target device and assigned. q/k/v and gate/up are
@@ -7,6 +7,10 @@ concatenated on the way in to match the fused projections in `llama.py`.
 With tensor parallelism each rank reads only its slice of each tensor (`TPShard.partition`),
 before the fusing: q, k and v (gate and up) are cut separately, so a fused weight holds this
 rank's query heads, then its KV heads, then their values, just as the forward expects.
+
+A llama.cpp / Ollama GGUF file goes through transformers' GGUF reader instead: config,
+tokenizer and chat template come from the file's metadata, and each quantized tensor is
+dequantized (with the `gguf` package) to the engine's dtype as it is read.
 """
 from __future__ import annotations
 
@@ -28,6 +32,20 @@ def default_model() -> str:
     if torch.cuda.is_available():
         return DEFAULT_CUDA_MODEL
     return str(TINY_MODEL_DIR)
+
+
+def resolve_model(model: str | os.PathLike, gguf_file: str | None = None) -> tuple[Path, str | None]:
+    """(checkpoint folder, GGUF file name in it or None). `model` may be a .gguf file itself."""
+    path = Path(model).expanduser()
+    if gguf_file is None and path.suffix == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"GGUF file {path} does not exist")
+        return path.parent, path.name
+    if gguf_file is not None:
+        if not (path / gguf_file).is_file():
+            raise ValueError(f"gguf_file={gguf_file!r} is not a file in {path}")
+        return path, gguf_file
+    return resolve_model_dir(model), None
 
 
 def resolve_model_dir(model: str | os.PathLike) -> Path:
@@ -53,23 +71,38 @@ def resolve_model_dir(model: str | os.PathLike) -> Path:
         ) from e
 
 
-def pick_dtype(device: torch.device, dtype: str | torch.dtype | None) -> torch.dtype:
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (x86 AVX512-BF16 or AMX, Arm BF16), asked at run time.
+
+    Where it does, a bfloat16 matmul runs 2-4x the float32 one and every weight and KV read moves
+    half the bytes; elsewhere bfloat16 is emulated and slower than float32.
+    """
+    caps = torch.cpu.get_capabilities()
+    return any(caps.get(flag, False) for flag in ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16"))
+
+
+def pick_dtype(device: torch.device, dtype: str | torch.dtype | None) -> tuple[torch.dtype, str]:
+    """(dtype, why): the one asked for, or for "auto" the fastest this device computes in natively."""
     if isinstance(dtype, torch.dtype):
-        return dtype
+        return dtype, "asked for"
     if dtype in (None, "auto"):
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
+            if torch.cuda.is_bf16_supported():
+                return torch.bfloat16, "auto: the GPU supports bfloat16"
+            return torch.float16, "auto: the GPU lacks bfloat16"
+        if cpu_has_native_bf16():
+            return torch.bfloat16, "auto: the CPU has native bfloat16"
+        return torch.float32, "auto: the CPU has no native bfloat16"
     names = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16}
     if dtype not in names:
         raise ValueError(f"dtype={dtype!r} is invalid: use one of {sorted(names)} or 'auto'")
-    return names[dtype]
+    return names[dtype], "asked for"
 
 
-def load_config(model_dir: Path):
+def load_config(model_dir: Path, gguf_file: str | None = None):
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(model_dir, gguf_file=gguf_file)
     if config.model_type not in SUPPORTED:
         raise ValueError(f"model_type {config.model_type!r} is not supported; nano_infer runs {sorted(SUPPORTED)}")
     return config
@@ -108,32 +141,59 @@ def _read(f, hf_name: str, name: str, config, model, tp) -> torch.Tensor:
     return tensor
 
 
-def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype, max_positions: int, tp=None):
+def safetensors_tensors(model_dir: Path, device: torch.device, config=None, model=None, tp=None):
+    """(HF name, tensor) for every tensor of the checkpoint's safetensors files, read onto `device`;
+    with `tp` (a TPShard) only this rank's slice of each."""
+    from safetensors import safe_open
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors in {model_dir}")
+    for file in files:
+        with safe_open(str(file), framework="pt", device=str(device)) as f:
+            for hf_name in f.keys():
+                yield hf_name, _read(f, hf_name, hf_name.removeprefix("model."), config, model, tp)
+
+
+def gguf_tensors(path: Path, config, dtype: torch.dtype):
+    """(HF name, dequantized tensor) for every tensor of a GGUF file, named as transformers names them.
+
+    transformers maps GGUF names (`blk.0.attn_q.weight`) to its own through a model of the
+    architecture; one built on the meta device costs no memory.
+    """
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    yield from load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton, torch_dtype=dtype)["tensors"].items()
+
+
+def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype, max_positions: int, tp=None,
+               gguf_file: str | None = None):
     """The model on `device` in `dtype`; with `tp` (a TPShard) only that rank's slices of the weights."""
     from accelerate import init_empty_weights
-    from safetensors import safe_open
 
     from .llama import CausalLM
 
     with init_empty_weights(include_buffers=False):
         model = CausalLM(config, max_positions=max_positions, tp=tp)
     model.rotary.to(device)
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no *.safetensors in {model_dir}")
+    if gguf_file and tp is not None:
+        raise ValueError("a GGUF checkpoint with tensor_parallel_size > 1 is not supported; use the safetensors one")
+    tensors = gguf_tensors(model_dir / gguf_file, config, dtype) if gguf_file else \
+        safetensors_tensors(model_dir, device, config, model, tp)
     shards: dict[str, list] = {}
     state = {}
-    for file in files:
-        with safe_open(str(file), framework="pt", device=str(device)) as f:
-            for hf_name in f.keys():
-                name, index = _fused_name(hf_name)
-                if name == "lm_head.weight" and model.tie_word_embeddings:
-                    continue
-                tensor = _read(f, hf_name, hf_name.removeprefix("model."), config, model, tp).to(dtype)
-                if index is None:
-                    state[name] = tensor
-                else:
-                    shards.setdefault(name, [None] * (3 if "qkv" in name else 2))[index] = tensor
+    for hf_name, tensor in tensors:
+        name, index = _fused_name(hf_name)
+        if name == "lm_head.weight" and model.tie_word_embeddings:
+            continue
+        tensor = tensor.to(device=device, dtype=dtype)
+        if index is None:
+            state[name] = tensor
+        else:
+            shards.setdefault(name, [None] * (3 if "qkv" in name else 2))[index] = tensor
     for name, parts in shards.items():
         if any(p is None for p in parts):
             raise ValueError(f"checkpoint in {model_dir} is missing part of {name}")

