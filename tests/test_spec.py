@@ -109,7 +109,7 @@ def cached_prefixes(cache):
                          ids=[",".join(f"{k}={v}" for k, v in c.items()) + f",{m}" for c, m in CASES])
 def test_greedy_identical_with_speculation(config, method, qwen2_dir, other_draft, ref):
     ps, expected = ref
-    llm = LLM(str(qwen2_dir), speculative_config=spec_configs(qwen2_dir, other_draft)[method], **config)
+    llm = LLM(str(qwen2_dir), dtype="float32", speculative_config=spec_configs(qwen2_dir, other_draft)[method], **config)
     for _ in range(2):  # with a prefix cache: hits the second time
         outs = run_checked(llm, ps, GREEDY)
         assert [o.outputs[0].token_ids for o in outs] == expected
@@ -134,7 +134,7 @@ def test_greedy_identical_with_speculation(config, method, qwen2_dir, other_draf
 def test_speculation_actually_verifies_several_tokens_per_pass(qwen2_dir, other_draft, ref):
     """The point of it: with the target as its own draft, k tokens are accepted per verify."""
     ps, expected = ref
-    llm = LLM(str(qwen2_dir), block_size=4, speculative_config=spec_configs(qwen2_dir, other_draft)["draft=target"])
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, speculative_config=spec_configs(qwen2_dir, other_draft)["draft=target"])
     outs = llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == expected
     assert llm.engine.spec.stats.mean_tokens_per_verify > 4.0
@@ -143,7 +143,7 @@ def test_speculation_actually_verifies_several_tokens_per_pass(qwen2_dir, other_
 def test_n_greater_than_one_and_sampling_in_one_batch(qwen2_dir, other_draft, ref):
     ps, expected = ref
     for method in ("ngram", "draft=random"):
-        llm = LLM(str(qwen2_dir), block_size=4, num_kv_blocks=40,
+        llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, num_kv_blocks=40,
                   speculative_config=spec_configs(qwen2_dir, other_draft)[method])
         engine = llm.engine
         greedy_n = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=3)
@@ -168,7 +168,7 @@ def test_seeded_sampling_is_reproducible_with_speculation(qwen2_dir, other_draft
     ps, _ = ref
     params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=20, ignore_eos=True, seed=7)
     runs = [[o.outputs[0].token_ids for o in
-             LLM(str(qwen2_dir), speculative_config=spec_configs(qwen2_dir, other_draft)["draft=random"])
+             LLM(str(qwen2_dir), dtype="float32", speculative_config=spec_configs(qwen2_dir, other_draft)["draft=random"])
              .generate(prompt_token_ids=ps, sampling_params=params)] for _ in range(2)]
     assert runs[0] == runs[1]
 
@@ -177,9 +177,9 @@ def test_constraint_cuts_forbidden_proposals_and_output_is_unchanged(qwen2_dir, 
     """A proposal the regex forbids is cut before verification: output equals plain constrained decoding."""
     ps = prompts(tokenizer)[:3]
     params = SamplingParams(temperature=0, max_tokens=30, regex=r"[a-z ]{5,40}")
-    plain = LLM(str(qwen2_dir), block_size=4).generate(prompt_token_ids=ps, sampling_params=params)
+    plain = LLM(str(qwen2_dir), dtype="float32", block_size=4).generate(prompt_token_ids=ps, sampling_params=params)
     for method in ("ngram", "draft=random"):
-        llm = LLM(str(qwen2_dir), block_size=4, speculative_config=spec_configs(qwen2_dir, other_draft)[method])
+        llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, speculative_config=spec_configs(qwen2_dir, other_draft)[method])
         outs = llm.generate(prompt_token_ids=ps, sampling_params=params)
         assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
         assert llm.engine.spec.stats.num_draft_tokens > 0
@@ -190,7 +190,7 @@ def test_stop_token_inside_accepted_proposals_ends_the_request_there(qwen2_dir, 
     ps, expected = ref
     stop = expected[1][5]
     params = SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop], ignore_eos=True)
-    llm = LLM(str(qwen2_dir), block_size=4, speculative_config=spec_configs(qwen2_dir, other_draft)["draft=target"])
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, speculative_config=spec_configs(qwen2_dir, other_draft)["draft=target"])
     out = llm.generate(prompt_token_ids=[ps[1]], sampling_params=params)[0].outputs[0]
     assert out.token_ids == expected[1][: expected[1].index(stop) + 1]
     llm.engine.prefix_cache.clear()
@@ -210,7 +210,7 @@ def test_shipped_model_matches_transformers_with_speculation(spec):
     target = TINY_MODEL_DIR
     draft = TINY_MODEL_DIR.parent / "tiny_draft"
     config = NGRAM if spec == "ngram" else {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
-    llm = LLM(str(target), speculative_config=config)
+    llm = LLM(str(target), dtype="float32", speculative_config=config)
     ids = [llm.apply_chat_template(c) for c in CHATS]
     expected = reference(target, ids)
     outs = llm.generate(prompt_token_ids=ids, sampling_params=GREEDY)
@@ -232,7 +232,7 @@ def test_shipped_model_matches_transformers_with_speculation(spec):
 ])
 def test_bad_speculative_config_is_refused(config, words, qwen2_dir):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("[", r"\[")):
-        LLM(str(qwen2_dir), speculative_config=config)
+        LLM(str(qwen2_dir), dtype="float32", speculative_config=config)
 
 
 def test_draft_with_another_vocabulary_or_tokenizer_is_refused(qwen2_dir, tmp_path):
@@ -255,14 +255,14 @@ def test_draft_with_another_vocabulary_or_tokenizer_is_refused(qwen2_dir, tmp_pa
         (folder / "tokenizer.json").write_text(json.dumps(tj))
 
     with pytest.raises(ValueError, match="vocab_size=.* differs from the target's"):
-        LLM(str(qwen2_dir), speculative_config=draft_like_target("vocab", bigger_vocab))
+        LLM(str(qwen2_dir), dtype="float32", speculative_config=draft_like_target("vocab", bigger_vocab))
     with pytest.raises(ValueError, match="tokenizer .* maps tokens to other ids"):
-        LLM(str(qwen2_dir), speculative_config=draft_like_target("ids", swapped_ids))
+        LLM(str(qwen2_dir), dtype="float32", speculative_config=draft_like_target("ids", swapped_ids))
 
 
 def test_speculation_needs_a_kv_cache(qwen2_dir):
     with pytest.raises(ValueError, match="kv_cache='paged' or 'contiguous'"):
-        LLM(str(qwen2_dir), kv_cache="none", speculative_config=NGRAM)
+        LLM(str(qwen2_dir), dtype="float32", kv_cache="none", speculative_config=NGRAM)
 
 
 def test_spec_bench_reports_acceptance_and_speedup_from_its_rounds(qwen2_dir, tmp_path):
@@ -288,7 +288,7 @@ def test_cli_takes_a_speculative_config(qwen2_dir, capsys):
 
     args = ["generate", "To be, or not", "--model", str(qwen2_dir), "--max-tokens", "8", "--ignore-eos"]
     assert main(args + ["--speculative-config", json.dumps(NGRAM)]) == 0
-    expected = LLM(str(qwen2_dir)).generate(["To be, or not"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    expected = LLM(str(qwen2_dir), dtype="float32").generate(["To be, or not"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert capsys.readouterr().out == expected[0].outputs[0].text + "\n"
     assert main(args + ["--speculative-config", "{'method': 'ngram'}"]) == 2
     assert "--speculative-config is not valid JSON" in capsys.readouterr().err

@@ -70,7 +70,7 @@ def test_a_bad_size_names_the_constraint(overrides, size, constraint):
 def test_llm_refuses_a_bad_size_before_starting_a_process(qwen2_dir):
     before = children()
     with pytest.raises(ValueError, match="tensor_parallel_size=8 must divide num_attention_heads=4"):
-        LLM(str(qwen2_dir), tensor_parallel_size=8)
+        LLM(str(qwen2_dir), dtype="float32", tensor_parallel_size=8)
     assert children() == before and not dist.is_initialized()
 
 
@@ -127,9 +127,9 @@ def test_tp2_matches_one_process_and_transformers_with_preemption_prefix_cache_a
     ps, ref = qwen2_ref
     config = dict(block_size=4, num_kv_blocks=16, prefix_cache="radix", max_num_batched_tokens=8)
     sampled = SamplingParams(temperature=0.8, top_p=0.9, n=2, seed=7, max_tokens=12)
-    single = LLM(str(qwen2_dir), **config)
+    single = LLM(str(qwen2_dir), dtype="float32", **config)
     expected_sampled = tokens(single.generate(prompt_token_ids=ps[:3], sampling_params=sampled))
-    with LLM(str(qwen2_dir), tensor_parallel_size=2, **config) as llm:
+    with LLM(str(qwen2_dir), dtype="float32", tensor_parallel_size=2, **config) as llm:
         pids = llm.engine.executor.worker_pids
         assert len(pids) == 1 and pids[0] in children()
         first = llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)
@@ -151,7 +151,7 @@ def test_tp2_matches_one_process_and_transformers_with_preemption_prefix_cache_a
 
 def test_tp4_replicated_kv_heads_blockwise_hash_cache_and_a_hung_worker(qwen2_dir, qwen2_ref):
     ps, ref = qwen2_ref
-    llm = LLM(str(qwen2_dir), tensor_parallel_size=4, block_size=7, prefix_cache="hash", attention="blockwise",
+    llm = LLM(str(qwen2_dir), dtype="float32", tensor_parallel_size=4, block_size=7, prefix_cache="hash", attention="blockwise",
               distributed_timeout=5)
     assert llm.engine.model.num_kv_heads == 1  # 2 KV heads over 4 ranks: one each, each held twice
     for _ in range(2):
@@ -171,7 +171,7 @@ def test_tp4_replicated_kv_heads_blockwise_hash_cache_and_a_hung_worker(qwen2_di
 
 def test_tp2_contiguous_cache_then_a_killed_worker_fails_the_next_step(qwen2_dir, qwen2_ref):
     ps, ref = qwen2_ref
-    llm = LLM(str(qwen2_dir), tensor_parallel_size=2, kv_cache="contiguous", max_model_len=128)
+    llm = LLM(str(qwen2_dir), dtype="float32", tensor_parallel_size=2, kv_cache="contiguous", max_model_len=128)
     assert [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)] == ref
     pid = llm.engine.executor.worker_pids[0]
     os.kill(pid, signal.SIGKILL)
@@ -185,7 +185,7 @@ def test_tp2_matches_transformers_for_other_families(family, tmp_path, tokenizer
     """qwen3: q/k norms and an explicit head_dim; llama: llama3 RoPE and an untied LM head, cut by vocabulary."""
     folder = make_model_dir(family, tmp_path, tokenizer)
     ps = prompts(tokenizer)[:3]
-    with LLM(str(folder), tensor_parallel_size=2, prefix_cache=None) as llm:
+    with LLM(str(folder), dtype="float32", tensor_parallel_size=2, prefix_cache=None) as llm:
         assert [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)] \
             == reference(folder, ps)
 
@@ -195,7 +195,7 @@ import sys
 import torch
 from nano_infer import LLM, SamplingParams
 if __name__ == "__main__":
-    llm = LLM(sys.argv[1], tensor_parallel_size=2)
+    llm = LLM(sys.argv[1], dtype="float32", tensor_parallel_size=2)
     print(*llm.engine.executor.worker_pids, flush=True)
     while True:
         llm.generate(["To be, or not to be"] * 4, SamplingParams(max_tokens=32, ignore_eos=True))
