@@ -39,6 +39,13 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _precompile_json_object(llm) -> None:
+    try:
+        asyncio.run(llm.precompile(SamplingParams(json_schema=JSON_OBJECT)))
+    except Exception:  # noqa: BLE001 - the server stopped first (its pool is closed): nothing left to warm
+        pass
+
+
 def serve(args: argparse.Namespace) -> int:
     from .async_engine import AsyncLLM
     from .cli import engine_kwargs
@@ -51,8 +58,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     # json_object's regex takes seconds to compile: do it now, so that no request waits for it past its time limit
-    warm = SamplingParams(json_schema=JSON_OBJECT)
-    threading.Thread(target=asyncio.run, args=(llm.precompile(warm),), name="nano_infer-warm", daemon=True).start()
+    threading.Thread(target=_precompile_json_object, args=(llm,), name="nano_infer-warm", daemon=True).start()
     try:
         run_server(llm, args.host, args.port, args.served_model_name, args.log_level, args.api_key,
                    tuple(args.allowed_host), args.max_request_bytes)
