@@ -191,10 +191,13 @@ def test_tp2_matches_transformers_for_other_families(family, tmp_path, tokenizer
 
 
 DRIVER = """
+import signal
 import sys
 import torch
 from nano_infer import LLM, SamplingParams
 if __name__ == "__main__":
+    # as in a terminal: a launcher that runs the tests in the background leaves SIGINT ignored, and children inherit that
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     llm = LLM(sys.argv[1], dtype="float32", tensor_parallel_size=2, distributed_timeout=30)
     print(*llm.engine.executor.worker_pids, flush=True)
     while True:
