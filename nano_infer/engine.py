@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .cpu_allocator import keep_freed_memory
 from .detokenizer import IncrementalDetokenizer
 from .kv import BlockManager, ContiguousKVCache, KVPool
 from .kv.paged import kv_bytes_per_token, num_blocks_for_budget
@@ -107,6 +108,8 @@ class LLMEngine:
         cfg = self.config = EngineConfig(model=model, **kwargs)
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype, dtype_reason = pick_dtype(self.device, cfg.dtype)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.model_dir, self.gguf_file = resolve_model(cfg.model or default_model(), cfg.gguf_file)
         self.model_name = cfg.model or str(self.model_dir)
         self.hf_config = load_config(self.model_dir, self.gguf_file)
@@ -411,7 +414,7 @@ class LLMEngine:
                 children = self._fork(req, seq)
                 samplers += children
                 rows += [rows[i]] * len(children)
-        sample_logits = logits[rows]
+        sample_logits = logits if rows == list(range(len(logits))) else logits[rows]  # no copy in the usual case
         tokens = self._sample(sample_logits, samplers) if samplers else []
         logprobs = self._logprobs(sample_logits, samplers, tokens)
         now = time.perf_counter()

@@ -75,6 +75,7 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def serve(launch: Launch, backend: str, timeout_s: float) -> None:
+    from ..cpu_allocator import keep_freed_memory
     from ..kv import KVPool
     from ..model_runner import ModelRunner
     from ..models.loader import load_config, load_model, resolve_model_dir
@@ -87,6 +88,7 @@ def serve(launch: Launch, backend: str, timeout_s: float) -> None:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
+            keep_freed_memory()
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         model_dir = resolve_model_dir(cfg.model)

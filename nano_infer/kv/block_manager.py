@@ -12,7 +12,6 @@ its own; when the free list runs dry the manager asks it to evict.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 from ..sequence import Sequence
@@ -40,7 +39,9 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_count = [0] * num_blocks
-        self.free_blocks: deque[int] = deque(range(num_blocks))
+        # Used as a stack: the block freed last is taken first. Its memory is resident and likely in
+        # cache; a queue would walk the whole pool, touching fresh pages (a page fault each) for hours.
+        self.free_blocks: list[int] = list(reversed(range(num_blocks)))
         self.prefix_cache = None  # set by the engine when prefix caching is on
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block copies the runner must do
         self.num_evicted_blocks = 0  # cached blocks the prefix cache gave back to make room, ever
@@ -91,7 +92,7 @@ class BlockManager:
             self.prefix_cache.evict(1)
         if not self.free_blocks:
             raise NoFreeBlocksError("KV pool exhausted")
-        block = self.free_blocks.popleft()
+        block = self.free_blocks.pop()
         self.ref_count[block] = 1
         self._record("alloc", seq, block)
         return block

@@ -155,6 +155,6 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Logits [N, vocab]; with tensor parallelism on rank 0 only (None on the other ranks)."""
-        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        logits = F.linear(hidden, weight)
+        head = getattr(self, "lm_head", None)  # tied weights: none, unless `pack_linears` made one
+        logits = F.linear(hidden, self.embed_tokens.weight) if head is None else head(hidden)
         return logits if self.tp is None else self.tp.gather_logits(logits, self.config.vocab_size)

@@ -175,6 +175,7 @@ def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype
     from accelerate import init_empty_weights
 
     from .llama import CausalLM
+    from .packed import can_pack, pack_linears
 
     with init_empty_weights(include_buffers=False):
         model = CausalLM(config, max_positions=max_positions, tp=tp)
@@ -201,4 +202,6 @@ def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(f"checkpoint/model mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if can_pack(device, dtype):
+        pack_linears(model)
     return model.eval()

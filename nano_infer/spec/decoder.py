@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..sampling import greedy_tokens
 from .config import SpeculativeConfig
 from .ngram import propose_ngram
 from .rejection import accept_greedy, accept_sampled, target_probs
@@ -106,7 +107,7 @@ class SpeculativeDecoder:
                     c.advance(token)
                 logits[j] += c.mask()
         if seq.params.greedy:
-            tokens = accept_greedy(logits.argmax(dim=-1).tolist(), proposal)
+            tokens = accept_greedy(greedy_tokens(logits).tolist(), proposal)
         else:
             q = torch.stack(seq.spec_draft_probs) if seq.spec_draft_probs else None
             tokens = accept_sampled(target_probs(logits, seq.params), proposal, q, seq.generator)

@@ -13,6 +13,7 @@ import torch
 from ..attention import AttentionBackend
 from ..kv import KVPool
 from ..models.loader import load_config, load_model, resolve_model_dir
+from ..sampling import greedy_tokens
 from .rejection import target_probs
 
 
@@ -63,7 +64,7 @@ class DraftProposer:
             ids, pos, meta, rows = runner.prepare([(seq, 1) for seq in active], offset=j)
             self.backend.meta = meta
             logits = self.model.compute_logits(self.model(ids, pos, self.backend)[rows]).float()
-            greedy = logits.argmax(dim=-1).tolist()
+            greedy = greedy_tokens(logits).tolist()
             for i, seq in enumerate(active):
                 if seq.params.greedy:
                     seq.spec_token_ids.append(greedy[i])

@@ -1,0 +1,28 @@
+"""On a CPU, keep the memory a step frees inside the process for the next step.
+
+glibc's malloc serves a large request (a prefill step's activations: 2,048 tokens x 3,072
+features is 25 MB) with a fresh mapping from the OS and unmaps it when the tensor dies, so
+the next step faults every 4 KiB page in again, and the OS zeroes each one. A 2,048-token
+prefill of SmolLM2-135M took 140,000-460,000 page faults that way, and 20,000-40,000 with
+the thresholds below raised: freed blocks stay in malloc's heap and are reused. The price is
+that the process keeps its peak activation memory until it exits, as vLLM's CPU backend does
+by preloading tcmalloc.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
+
+
+def keep_freed_memory() -> bool:
+    """Raise glibc's mmap and trim thresholds; False where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and other C libraries
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, 1 << 30) and mallopt(M_TRIM_THRESHOLD, 2**31 - 1))

@@ -1,0 +1,48 @@
+"""bfloat16 linear layers on a CPU, with their weights laid out once for oneDNN's matmul kernel.
+
+A plain `F.linear` hands oneDNN a row-major weight, which it reorders into its own blocked
+layout inside every call. Reordering once at load time (`_reorder_linear_weight`) and calling
+the kernel on the blocked weight gives the same numbers, faster: on a 2-core AVX512-BF16 CPU
+the 30 layers of SmolLM2-135M took 27% less time at 32 rows (13.8 vs 18.8 ms), 43% less at
+128 and 30% less at 1 row, and the same at 2,048 (a prefill chunk). In float32 the same
+trick gained nothing consistent, so float32 keeps `nn.Linear`.
+
+The blocked weight is an opaque tensor: it has the weight's shape, but no storage to slice or
+save. Nothing reads a linear weight after loading except tensor-parallel lessons, which run
+in float32.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+
+
+class PackedLinear(nn.Module):
+    """`x @ weight.T + bias` through oneDNN on a weight reordered for it."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, copy: bool = False, batch_hint: int = 32):
+        super().__init__()
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
+        if copy:  # a second layout of a weight the model already counts among its parameters
+            self.register_buffer("weight", packed, persistent=False)
+        else:
+            self.weight = nn.Parameter(packed, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+def pack_linears(model: nn.Module) -> None:
+    """Swap every nn.Linear of the model for a PackedLinear, and give a model whose logits reuse the
+    embedding matrix (tied weights) a packed copy of it for the logits: the lookup needs the plain one."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, PackedLinear(child.weight, child.bias))
+    if getattr(model, "tie_word_embeddings", False):
+        model.lm_head = PackedLinear(model.embed_tokens.weight, None, copy=True)
