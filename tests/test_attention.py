@@ -180,11 +180,7 @@ def test_builds_nothing_off_the_model_device(impl):
     assert out.shape == (6, 4, 8) and out.device == dev
 
 
-@pytest.mark.parametrize("plain_bytes", [0, 1 << 40])
-def test_prefill_through_fused_sdpa_or_plain_ops(monkeypatch, plain_bytes):
-    """On a CPU, prefill calls whose scores fit CPU_PLAIN_ATTENTION_BYTES take baddbmm/softmax/bmm, the rest SDPA:
-    both paths must give the reference."""
-    import nano_infer.attention as attention
-
-    monkeypatch.setattr(attention, "CPU_PLAIN_ATTENTION_BYTES", plain_bytes)
-    run("gather", [(0, 9), (20, 1), (16, 16), (31, 3)], num_kv_heads=2, groups=3, head_dim=16, block_size=8)
+def test_prompts_and_cached_chunks_in_one_step():
+    """Fresh prompts (the causal kernel, K/V from the step) and chunks after cached tokens (the pool, a mask)
+    side by side, with GQA: both paths must give the reference."""
+    run("gather", [(0, 9), (20, 1), (16, 16), (31, 3), (0, 40)], num_kv_heads=2, groups=3, head_dim=16, block_size=8)
