@@ -243,6 +243,20 @@ def test_fork_shares_blocks_and_the_first_write_into_a_shared_block_copies_it():
     assert parent.block_table[1] == partial and len(bm.pending_copies) == 1
 
 
+def test_the_block_freed_last_is_taken_first():
+    """A stack, not a queue: reused blocks are the ones whose memory was touched last (resident, likely cached)."""
+    bm = BlockManager(8, 2)
+    a, b = Sequence("a", [1, 2, 3], PARAMS), Sequence("b", [4, 5, 6, 7], PARAMS)
+    bm.allocate(a, 3)
+    bm.allocate(b, 4)
+    assert a.block_table == [0, 1] and b.block_table == [2, 3]  # a fresh pool hands out blocks in order
+    freed = list(a.block_table)
+    bm.free(a)
+    c = Sequence("c", [8, 9, 1], PARAMS)
+    bm.allocate(c, 3)
+    assert c.block_table == freed  # not blocks 4 and 5, which were never written
+
+
 def test_cannot_allocate_beyond_the_pool():
     bm = BlockManager(num_blocks=2, block_size=2)
     seq = seq_with(range(5))
