@@ -22,7 +22,7 @@ from nano_infer.models.packed import PackedLinear, can_pack, pack_linears
 from nano_infer.sampling import greedy_tokens
 
 needs_packing = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16),
-                                   reason="this torch build has no oneDNN (mkldnn) for the packed bfloat16 linears")
+                                   reason="no oneDNN bfloat16 here (a torch build without mkldnn, or a CPU without AVX512 or AMX)")
 
 
 @needs_packing
