@@ -39,8 +39,8 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_count = [0] * num_blocks
-        # Used as a stack: the block freed last is taken first. Its memory is resident and likely in
-        # cache; a queue would walk the whole pool, touching fresh pages (a page fault each) for hours.
+        # Used as a stack: the block freed last is taken first, while its memory is resident and
+        # likely in cache; a queue would cycle through the whole pool, every block cold when its turn came.
         self.free_blocks: list[int] = list(reversed(range(num_blocks)))
         self.prefix_cache = None  # set by the engine when prefix caching is on
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block copies the runner must do
