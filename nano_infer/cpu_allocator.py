@@ -5,9 +5,8 @@ features is 25 MB) with a fresh mapping from the OS and unmaps it when the tenso
 the next step faults every 4 KiB page in again, and the OS zeroes each one. A 2,048-token
 prefill step of SmolLM2-135M took 400,000-460,000 page faults that way (2.0 s in float32) and
 about 70 with the thresholds below raised (1.7 s): freed blocks stay in malloc's heap and are
-reused. The price is
-that the process keeps its peak activation memory until it exits, as vLLM's CPU backend does
-by preloading tcmalloc.
+reused. The price is that the process keeps its peak activation memory until it exits, as
+vLLM's CPU backend does by preloading tcmalloc.
 """
 from __future__ import annotations
 
