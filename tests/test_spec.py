@@ -69,17 +69,22 @@ def check_blocks(engine) -> None:
     assert not set(kv.free_blocks) & {b for b, r in enumerate(kv.ref_count) if r}
 
 
-def run_checked(llm, ps, params):
-    """LLM.generate, stepping the engine by hand so the block check runs after every step."""
-    engine = llm.engine
-    for i, p in enumerate(ps):
-        engine.add_request(str(i), prompt_token_ids=p, params=params)
+def drain_checked(engine) -> dict:
+    """Step until every request is done, checking the blocks after each step; {request id: finished output}."""
     outs = {}
     while engine.has_unfinished_requests():
         for o in engine.step():
             if o.finished:
                 outs[o.request_id] = o
         check_blocks(engine)
+    return outs
+
+
+def run_checked(llm, ps, params):
+    """LLM.generate, stepping the engine by hand so the block check runs after every step."""
+    for i, p in enumerate(ps):
+        llm.engine.add_request(str(i), prompt_token_ids=p, params=params)
+    outs = drain_checked(llm.engine)
     return [outs[str(i)] for i in range(len(ps))]
 
 
@@ -151,12 +156,7 @@ def test_n_greater_than_one_and_sampling_in_one_batch(qwen2_dir, other_draft, re
         engine.add_request("g", prompt_token_ids=ps[0], params=greedy_n)
         engine.add_request("s", prompt_token_ids=ps[1], params=sampled)
         engine.add_request("p", prompt_token_ids=ps[4], params=GREEDY)
-        outs = {}
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                if o.finished:
-                    outs[o.request_id] = o
-            check_blocks(engine)
+        outs = drain_checked(engine)
         assert [c.token_ids for c in outs["g"].outputs] == [expected[0]] * 3
         assert outs["p"].outputs[0].token_ids == expected[4]
         assert [len(c.token_ids) for c in outs["s"].outputs] == [24, 24]
