@@ -182,3 +182,27 @@ def test_step_profile_accounts_for_the_step(qwen2_dir):
     assert engine.runner.pack.__func__ is ModelRunner.pack and engine.runner.build.__func__ is ModelRunner.build
     assert not engine.model._forward_hooks
     assert all(not layer.mlp.gate_up_proj._forward_pre_hooks for layer in engine.model.layers)
+
+
+def test_workload_breakdown_splits_the_run_by_kernel(qwen2_dir):
+    from nano_infer import LLMEngine
+    from nano_infer.bench.profile import KERNELS, workload_breakdown
+
+    engine = LLMEngine(str(qwen2_dir), dtype="float32")
+    workload = make_workload(4, ordinary_token_ids(engine.tokenizer), prompt_len=(8, 24), output_len=(3, 6))
+    wall, kinds = workload_breakdown(engine, workload)
+    assert set(KERNELS.values()) | {"other ops"} <= set(kinds)
+    assert all(kinds[kind] > 0 for kind in KERNELS.values())  # every kind of kernel ran and was recognised
+    ops = sum(v for k, v in kinds.items() if not k.startswith("outside ops"))
+    assert ops <= 1.05 * wall and kinds["outside ops (Python, engine bookkeeping)"] == pytest.approx(max(0, wall - ops))
+    assert not engine.has_unfinished_requests()
+
+
+def test_profile_command_line_prints_the_workload_floor(qwen2_dir, capsys):
+    from nano_infer.bench.profile import main as profile_main
+
+    profile_main(["--model", str(qwen2_dir), "--dtype", "float32", "--workload", "3", "--prompt-len", "8", "16",
+                  "--output-len", "2", "4"])
+    out = capsys.readouterr().out
+    assert out.startswith("3 requests (prompts 8-16, outputs 2-4 tokens), float32")
+    assert "  matmul " in out and "at most" in out and "tok/s with these kernels" in out
