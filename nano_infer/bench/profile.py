@@ -134,8 +134,8 @@ def print_workload_breakdown(engine, args) -> None:
     wall, kinds = workload_breakdown(engine, workload)
     dtype = str(engine.dtype).removeprefix("torch.")
     print(f"{args.workload} requests (prompts {args.prompt_len[0]}-{args.prompt_len[1]}, outputs {args.output_len[0]}-"
-          f"{args.output_len[1]} tokens), {dtype}, {torch.get_num_threads()} thread(s): {wall:.2f} s under the profiler, "
-          f"{plain:.2f} s without")
+          f"{args.output_len[1]} tokens), {dtype}, {torch.get_num_threads()} thread(s): "
+          f"{wall:.2f} s under the profiler, {plain:.2f} s without")
     for kind, seconds in sorted(kinds.items(), key=lambda kv: -kv[1]):
         print(f"  {kind:45s} {seconds:8.3f} s  {seconds / wall:6.1%}")
     floor = sum(v for k, v in kinds.items() if k in KERNELS.values())
@@ -157,9 +157,10 @@ def main(argv=None):
     p.add_argument("--threads", type=int, help="torch CPU threads (default: 1 for decode steps, so the thread's CPU "
                    "time is all of the step's; torch's choice for --workload, as `make bench` runs)")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
-    p.add_argument("--workload", type=int, metavar="N", help="profile a whole workload of N requests instead of decode steps")
-    p.add_argument("--prompt-len", type=int, nargs=2, metavar=("MIN", "MAX"), help="(default: the model's bench preset)")
-    p.add_argument("--output-len", type=int, nargs=2, metavar=("MIN", "MAX"), help="(default: the model's bench preset)")
+    p.add_argument("--workload", type=int, metavar="N",
+                   help="profile a whole workload of N requests instead of decode steps")
+    for flag in ("--prompt-len", "--output-len"):
+        p.add_argument(flag, type=int, nargs=2, metavar=("MIN", "MAX"), help="(default: the model's bench preset)")
     args = p.parse_args(argv)
     if args.threads or not args.workload:
         torch.set_num_threads(args.threads or 1)
