@@ -60,7 +60,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     padded reads of unwritten slots must be finite.) Not numpy's zeros: numpy asks for huge
     pages on large arrays, and with the kernel's default `defrag=madvise` each first write to a
     2 MiB page then waits for the kernel to compact and zero it: on huge pages a 2,048-token
-    float32 prefill of the SmolLM2 shape took 1.58 s against 1.40 s, whole workloads 5-8% longer.
+    float32 prefill of the SmolLM2 shape took 1.55 s against 1.42 s, whole workloads 5-8% longer.
     """
     numel = int(np.prod(shape))
     buffer = mmap.mmap(-1, numel * torch.empty((), dtype=dtype).element_size())  # page-aligned
