@@ -11,6 +11,7 @@ import torch
 
 from nano_infer.bench.__main__ import main
 from nano_infer.bench.compare import Bench, mean_decode_context
+from nano_infer.bench.profile import KERNELS
 from nano_infer.bench.random_model import random_model
 from nano_infer.bench.roofline import flops_per_token, matmul_params, workload_flops
 from nano_infer.bench.workload import (BenchRequest, Workload, make_workload, ordinary_token_ids, percentile,
@@ -143,12 +144,17 @@ def test_command_line_writes_a_json_report(tmp_path, qwen2_dir, capsys):
         assert ceiling == pytest.approx(workload["output_tokens"] * workload["matmul_gflops"] * 1e9 / workload["work_flops"])
         for name, share in workload["of_ceiling"].items():
             assert 0 < share == pytest.approx(workload["median"][name]["tokens_per_s"] / ceiling)
+        floor = workload["kernel_floor"]  # a profiled run of the same shape: seconds per kind of kernel
+        kernels = [floor["seconds"][kind] for kind in dict.fromkeys(KERNELS.values())]
+        assert all(seconds > 0 for seconds in kernels) and sum(floor["seconds"].values()) >= sum(kernels)
+        assert floor["tokens_per_s"] == pytest.approx(workload["output_tokens"] / sum(kernels))
         assert set(entry["latency"]["ms_per_token"]) == {"nano_infer", "hf_generate"}
     fp32, bf16 = (m["workloads"][0]["median"]["nano_infer"]["tokens_per_s"] for m in report["models"])
     [line] = report["summary"]
     assert line.startswith(f"{qwen2_dir}, 2 requests: float32: ") and f"bfloat16 / float32 = {bf16 / fp32:.2f}x" in line
     out = capsys.readouterr().out
     assert "nano_infer / hf_continuous" in out and line in out
+    assert out.count("kernel floor (a ") == 2 and "these kernels alone cap nano_infer's batches at" in out
 
 
 def test_attention_case_memory_gather_grows_blockwise_stays_flat():

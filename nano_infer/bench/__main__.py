@@ -25,6 +25,7 @@ import torch
 
 from ..models.loader import default_model, pick_dtype, resolve_model_dir
 from .compare import ENGINES, Bench, device_name
+from .profile import KERNELS
 from .random_model import QWEN2_5_0_5B, SMOLLM2_135M, random_model
 from .roofline import decode_throughput, matmul_gflops
 
@@ -101,6 +102,13 @@ def format_table(result: dict) -> str:
         for name, share in result["of_ceiling"].items():
             if name != "nano_infer":
                 lines.append(f"  => no engine can be more than {1 / share:.1f}x {name} on this workload and machine")
+    if "kernel_floor" in result:
+        floor, kinds = result["kernel_floor"], result["kernel_floor"]["seconds"]
+        spent = ", ".join(f"{kind.split(' (')[0]} {kinds[kind]:.3g} s" for kind in dict.fromkeys(KERNELS.values()))
+        lines.append(f"  kernel floor (a {floor['profiled_wall_s']:.3g} s profiled run): {spent}; these kernels alone "
+                     f"cap nano_infer's batches at {floor['tokens_per_s']:.0f} tok/s" + "".join(
+                         f" = {floor['tokens_per_s'] / row['tokens_per_s']:.1f}x {name}"
+                         for name, row in result["median"].items() if name != "nano_infer"))
     return "\n".join(lines)
 
 
@@ -142,6 +150,9 @@ def run_model(args, name: str, folder: str, preset: dict, dtype: str, report: di
         ceiling = result["output_tokens"] * gflops * 1e9 / result["work_flops"]
         result.update(matmul_gflops=gflops, ceiling_tokens_per_s=ceiling, of_ceiling={
             e: row["tokens_per_s"] / ceiling for e, row in result["median"].items()})
+        if "nano_infer" in args.engines and engine.device.type == "cpu":
+            result["kernel_floor"] = bench.kernel_floor(n, (args.rounds or preset["rounds"]) + 1, args.seed,
+                                                        preset["prompt_len"], preset["output_len"])
         entry["workloads"].append(result)
         print(format_table(result), flush=True)
     if "nano_infer" in args.engines:

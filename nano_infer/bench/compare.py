@@ -109,6 +109,17 @@ class Bench:
             f"{name} {ms:.1f} ms/token (TTFT {result['ttft_ms'][name]:.0f} ms)" for name, ms in result["ms_per_token"].items()))
         return result
 
+    def kernel_floor(self, num_requests: int, round: int, seed: int = 0, prompt_len=(16, 192), output_len=(32, 96)) -> dict:
+        """One more nano_infer run of the workload, on fresh prompts, under torch.profiler: seconds per kind of
+        kernel (`profile.workload_breakdown`) and the tokens/s the matmuls, attention kernel and K/V gather and
+        write alone would allow, which no trimming of the rest can pass with this engine's batches (CPU only)."""
+        from .profile import KERNELS, workload_breakdown
+
+        workload = make_workload(num_requests, self.token_ids, seed, round, prompt_len, output_len)
+        wall, kinds = workload_breakdown(self.engine, workload)
+        floor_s = sum(v for k, v in kinds.items() if k in KERNELS.values())
+        return {"profiled_wall_s": wall, "seconds": kinds, "tokens_per_s": workload.num_output_tokens / floor_s}
+
     def decode_flops_per_token(self, context_len: float) -> float:
         return flops_per_token(self.engine.hf_config, context_len)
 
