@@ -109,7 +109,8 @@ class Bench:
             f"{name} {ms:.1f} ms/token (TTFT {result['ttft_ms'][name]:.0f} ms)" for name, ms in result["ms_per_token"].items()))
         return result
 
-    def kernel_floor(self, num_requests: int, round: int, seed: int = 0, prompt_len=(16, 192), output_len=(32, 96)) -> dict:
+    def kernel_floor(self, num_requests: int, round: int, seed: int = 0, prompt_len=(16, 192),
+                     output_len=(32, 96)) -> dict:
         """One more nano_infer run of the workload, on fresh prompts, under torch.profiler: seconds per kind of
         kernel (`profile.workload_breakdown`) and the tokens/s the matmuls, attention kernel and K/V gather and
         write alone would allow, which no trimming of the rest can pass with this engine's batches (CPU only)."""
