@@ -114,12 +114,12 @@ class Bench:
         """One more nano_infer run of the workload, on fresh prompts, under torch.profiler: seconds per kind of
         kernel (`profile.workload_breakdown`) and the tokens/s the matmuls, attention kernel and K/V gather and
         write alone would allow, which no trimming of the rest can pass with this engine's batches (CPU only)."""
-        from .profile import KERNELS, workload_breakdown
+        from .profile import kernel_seconds, workload_breakdown
 
         workload = make_workload(num_requests, self.token_ids, seed, round, prompt_len, output_len)
         wall, kinds = workload_breakdown(self.engine, workload)
-        floor_s = sum(v for k, v in kinds.items() if k in KERNELS.values())
-        return {"profiled_wall_s": wall, "seconds": kinds, "tokens_per_s": workload.num_output_tokens / floor_s}
+        return {"profiled_wall_s": wall, "seconds": kinds,
+                "tokens_per_s": workload.num_output_tokens / kernel_seconds(kinds)}
 
     def decode_flops_per_token(self, context_len: float) -> float:
         return flops_per_token(self.engine.hf_config, context_len)

@@ -122,6 +122,12 @@ def workload_breakdown(engine, workload) -> tuple[float, dict[str, float]]:
     return result.wall_s, dict(kinds)
 
 
+def kernel_seconds(kinds: dict[str, float]) -> float:
+    """The matmuls, attention kernel and K/V gather and write of a `workload_breakdown`: what trimming the rest
+    (elementwise ops, Python) leaves untouched."""
+    return sum(seconds for kind, seconds in kinds.items() if kind in KERNELS.values())
+
+
 def print_workload_breakdown(engine, args) -> None:
     from .throughput import run_nano
     from .workload import make_workload, ordinary_token_ids
@@ -138,7 +144,7 @@ def print_workload_breakdown(engine, args) -> None:
           f"{wall:.2f} s under the profiler, {plain:.2f} s without")
     for kind, seconds in sorted(kinds.items(), key=lambda kv: -kv[1]):
         print(f"  {kind:45s} {seconds:8.3f} s  {seconds / wall:6.1%}")
-    floor = sum(v for k, v in kinds.items() if k in KERNELS.values())
+    floor = kernel_seconds(kinds)
     print(f"  matmul, attention kernel, K/V gather and write alone: {floor:.2f} s = at most "
           f"{workload.num_output_tokens / floor:.0f} tok/s with these kernels at this engine's batch shapes")
 
