@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from .profile import kernel_seconds, workload_breakdown
 from .roofline import flops_per_token, workload_flops
 from .throughput import HFContinuous, run_hf_static, run_nano
 from .workload import Workload, make_workload, ordinary_token_ids
@@ -114,8 +115,6 @@ class Bench:
         """One more nano_infer run of the workload, on fresh prompts, under torch.profiler: seconds per kind of
         kernel (`profile.workload_breakdown`) and the tokens/s the matmuls, attention kernel and K/V gather and
         write alone would allow, which no trimming of the rest can pass with this engine's batches (CPU only)."""
-        from .profile import kernel_seconds, workload_breakdown
-
         workload = make_workload(num_requests, self.token_ids, seed, round, prompt_len, output_len)
         wall, kinds = workload_breakdown(self.engine, workload)
         return {"profiled_wall_s": wall, "seconds": kinds,

@@ -26,6 +26,8 @@ from collections import Counter
 import torch
 
 from ..sampling_params import SamplingParams
+from .throughput import run_nano
+from .workload import make_workload, ordinary_token_ids
 
 PIECES = {  # module attribute path inside a decoder layer -> label
     "input_layernorm": "rmsnorm", "post_attention_layernorm": "rmsnorm", "self_attn.qkv_proj": "qkv_proj",
@@ -111,8 +113,6 @@ def workload_breakdown(engine, workload) -> tuple[float, dict[str, float]]:
     for them, so the kinds add up to wall time; "outside ops" is the rest. CPU only: on a GPU
     the profiler's CPU times are launch times, not kernel times.
     """
-    from .throughput import run_nano
-
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         result = run_nano(engine, workload)
     kinds: Counter = Counter()
@@ -129,12 +129,9 @@ def kernel_seconds(kinds: dict[str, float]) -> float:
 
 
 def print_workload_breakdown(engine, args) -> None:
-    from .throughput import run_nano
-    from .workload import make_workload, ordinary_token_ids
-
     ids = ordinary_token_ids(engine.tokenizer)
-    run_nano(engine, make_workload(4, ids, round=-1, prompt_len=tuple(args.prompt_len), output_len=(4, 8)))  # warm
     lengths = dict(prompt_len=tuple(args.prompt_len), output_len=tuple(args.output_len))
+    run_nano(engine, make_workload(4, ids, round=-1, prompt_len=lengths["prompt_len"], output_len=(4, 8)))  # warm
     plain = run_nano(engine, make_workload(args.workload, ids, round=1, **lengths)).wall_s
     workload = make_workload(args.workload, ids, round=2, **lengths)  # fresh prompts: no prefix-cache hits
     wall, kinds = workload_breakdown(engine, workload)
