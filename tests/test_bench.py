@@ -192,7 +192,7 @@ def test_step_profile_accounts_for_the_step(qwen2_dir):
 
 def test_workload_breakdown_splits_the_run_by_kernel(qwen2_dir):
     from nano_infer import LLMEngine
-    from nano_infer.bench.profile import KERNELS, workload_breakdown
+    from nano_infer.bench.profile import workload_breakdown
 
     engine = LLMEngine(str(qwen2_dir), dtype="float32")
     workload = make_workload(4, ordinary_token_ids(engine.tokenizer), prompt_len=(8, 24), output_len=(3, 6))
