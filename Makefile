@@ -10,7 +10,7 @@ GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup lab test test-unit test-notebooks test-book test-gpu notebooks book chromium bench models tiny-model tiny-draft clean
+.PHONY: setup lab test test-unit test-notebooks test-book test-gpu gpu-wheels notebooks book chromium bench models tiny-model tiny-draft clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,10 @@ test-book: book chromium
 
 test-gpu: setup
 	NANO_INFER_MODEL=$(GPU_MODEL) $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks/
+
+# Wheels (into .whl/) for scripts/gpu_check.sh on a GPU machine without network: see the script's header.
+gpu-wheels: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH bash scripts/gpu_wheels.sh
 
 # Re-execute every notebook for committing: each plotly figure stores a PNG beside its JSON
 # (NANO_INFER_FIGURE_IMAGES, drawn by kaleido with chromium) so viewers without JavaScript show it.

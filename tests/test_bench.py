@@ -212,3 +212,34 @@ def test_profile_command_line_prints_the_workload_floor(qwen2_dir, capsys):
     out = capsys.readouterr().out
     assert out.startswith("3 requests (prompts 8-16, outputs 2-4 tokens), float32")
     assert "  matmul " in out and "at most" in out and "tok/s with these kernels" in out
+
+
+def test_decode_reads_every_matmul_weight_and_the_cached_kv(qwen2_dir):
+    from nano_infer import LLMEngine
+    from nano_infer.bench.decode import bytes_per_step
+
+    engine = LLMEngine(str(qwen2_dir), dtype="bfloat16")
+    cfg = engine.hf_config
+    assert cfg.tie_word_embeddings  # the embedding is the LM head: the one 2-D weight outside the layers is read too
+    matrices = sum(p.numel() for p in engine.model.parameters() if p.dim() == 2)
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    weights, kv = bytes_per_step(engine, num_seqs=3, context=10)
+    assert weights == 2 * matrices
+    assert kv == 3 * 10 * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2  # K and V, 2 bytes each
+
+
+def test_decode_command_line_times_each_batch_and_profiles(qwen2_dir, tmp_path, capsys):
+    from nano_infer.bench.decode import main as decode_main
+
+    report = decode_main(["--model", str(qwen2_dir), "--dtype", "float32", "--seqs", "1", "4", "--context", "16",
+                          "--steps", "2", "--profile", "2", "--json", str(tmp_path / "d.json")])
+    assert [r["num_seqs"] for r in report["rows"]] == [1, 4]
+    for r in report["rows"]:
+        assert r["step_ms"] > 0 and r["read_bytes_per_s"] == pytest.approx((r["weight_bytes"] + r["kv_bytes"]) / r["step_ms"] * 1e3)
+        assert r["of_bandwidth"] == pytest.approx(r["read_bytes_per_s"] / report["bandwidth_bytes_per_s"])
+    assert report["rows"][1]["kv_bytes"] == 4 * report["rows"][0]["kv_bytes"]
+    assert 1e8 < report["bandwidth_bytes_per_s"] < 1e13
+    assert "aten::" in report["profile"] and "Self CPU" in report["profile"]
+    assert json.loads((tmp_path / "d.json").read_text())["rows"] == report["rows"]
+    out = capsys.readouterr().out
+    assert "copy bandwidth measured now" in out and "   4 sequences at ~" in out

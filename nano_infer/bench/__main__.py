@@ -26,10 +26,11 @@ import torch
 from ..models.loader import default_model, pick_dtype, resolve_model_dir
 from .compare import ENGINES, Bench, device_name
 from .profile import KERNELS
-from .random_model import QWEN2_5_0_5B, SMOLLM2_135M, random_model
+from .random_model import QWEN2_5_0_5B, QWEN2_5_1_5B, SMOLLM2_135M, random_model
 from .roofline import decode_throughput, matmul_gflops
 
-SHAPES = {"smollm2-135m-shape": SMOLLM2_135M, "qwen2.5-0.5b-shape": QWEN2_5_0_5B}
+SHAPES = {"smollm2-135m-shape": SMOLLM2_135M, "qwen2.5-0.5b-shape": QWEN2_5_0_5B, "qwen2.5-1.5b-shape": QWEN2_5_1_5B}
+DEFAULT_MODELS = ["default", "smollm2-135m-shape", "qwen2.5-0.5b-shape"]  # the 1.5B shape is for a GPU (scripts/gpu_check.sh)
 DTYPES = ["float32", "bfloat16"]
 # per model: request counts, length ranges, rounds, dtypes, and the one-chat latency case (prompt, outputs).
 # Chat-length prompts for the real shapes: a system prompt and a question, answers of a paragraph. Static
@@ -41,6 +42,8 @@ PRESETS = {
                                latency=(128, 48), static_max_requests=32),
     "qwen2.5-0.5b-shape": dict(requests=[32], prompt_len=(48, 128), output_len=(16, 32), rounds=1, dtypes=DTYPES,
                                latency=(128, 24)),
+    "qwen2.5-1.5b-shape": dict(requests=[64, 256], prompt_len=(48, 192), output_len=(32, 64), rounds=1,
+                               dtypes=["bfloat16"], latency=(128, 48), static_max_requests=64),
     "quick": dict(requests=[8], prompt_len=(16, 64), output_len=(8, 16), rounds=1, dtypes=["auto"], latency=(16, 6)),
 }
 COLUMNS = [("tokens_per_s", "tok/s", "{:9.1f}"), ("tokens_per_cpu_s", "tok/CPU-s", "{:9.1f}"), ("ttft_p50_ms", "TTFT p50 ms", "{:11.0f}"),
@@ -51,7 +54,7 @@ COLUMNS = [("tokens_per_s", "tok/s", "{:9.1f}"), ("tokens_per_cpu_s", "tok/CPU-s
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m nano_infer.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--model", nargs="+", default=["default", *SHAPES],
+    p.add_argument("--model", nargs="+", default=DEFAULT_MODELS,
                    help=f"'default' (the shipped model, or NANO_INFER_MODEL), {' or '.join(map(repr, SHAPES))} "
                         "(random weights, built offline), a checkpoint folder or a .gguf file")
     p.add_argument("--requests", type=int, nargs="+", help="request counts (default: per model, see PRESETS)")
@@ -64,6 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--static-batch-size", type=int, default=8)
     p.add_argument("--attention", default="gather", choices=["gather", "blockwise"])
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                   help="on a GPU, the share of its memory nano_infer may fill (weights + KV pool); the rest is left "
+                        "for transformers' own cache (default: 0.5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-latency", action="store_true", help="skip the one-chat latency case")
     p.add_argument("--quick", action="store_true", help="8 short requests, 1 round, the engine's dtype, default model only")
@@ -130,7 +136,8 @@ def decode_roofline(bench: Bench, num_seqs: int, prompt_len: tuple[int, int], gf
 
 def run_model(args, name: str, folder: str, preset: dict, dtype: str, report: dict) -> dict:
     """Every workload of one model in one dtype, both engines in that dtype; the ceiling from a matmul in it."""
-    bench = Bench(folder, args.engines, args.static_batch_size, attention=args.attention, dtype=dtype)
+    bench = Bench(folder, args.engines, args.static_batch_size, attention=args.attention, dtype=dtype,
+                  gpu_memory_utilization=args.gpu_memory_utilization)
     cfg, engine = bench.engine.hf_config, bench.engine
     params = sum(p.numel() for p in engine.model.parameters())
     dtype_name = str(engine.dtype).removeprefix("torch.")

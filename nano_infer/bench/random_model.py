@@ -1,6 +1,6 @@
 """Random-weight models with real models' shapes, built offline and saved like hub checkpoints.
 
-Speed depends on the shape, not on the weights, so a SmolLM2-135M- or Qwen2.5-0.5B-shaped
+Speed depends on the shape, not on the weights, so a SmolLM2-135M-, Qwen2.5-0.5B- or 1.5B-shaped
 model with random weights benchmarks like the real one, without a download. The vocabulary
 is the real model's size too (the embedding and LM head are a large share of a small
 model's work); prompts use the ids of a local tokenizer, which are all below it.
@@ -18,6 +18,9 @@ SMOLLM2_135M = dict(model_type="llama", hidden_size=576, num_hidden_layers=30, n
                     rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
 QWEN2_5_0_5B = dict(model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                     num_key_value_heads=2, intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768,
+                    rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+QWEN2_5_1_5B = dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                    num_key_value_heads=2, intermediate_size=8960, vocab_size=151936, max_position_embeddings=32768,
                     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
 SHAPE_KEYS = ["model_type", "tie_word_embeddings", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "intermediate_size"]

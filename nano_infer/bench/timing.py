@@ -35,7 +35,8 @@ class Timings:
         return statistics.median(s / f for s, f in zip(self.samples[slow], self.samples[fast]))
 
 
-def _sync() -> None:
+def sync() -> None:
+    """Wait for queued GPU work, so a timer read after it counts that work (a no-op without CUDA)."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -62,10 +63,10 @@ def interleaved(variants: dict, rounds: int = 7, warmup: int = 1, setup: Callabl
         for name in names[shift:] + names[:shift]:
             if setup is not None:
                 setup(name)
-            _sync()
+            sync()
             start = clock()
             variants[name]()
-            _sync()
+            sync()
             if r >= warmup:
                 timings.samples[name].append(clock() - start)
     return timings

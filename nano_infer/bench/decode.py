@@ -1,0 +1,116 @@
+"""Decode step time against the memory-bandwidth roofline: `python -m nano_infer.bench.decode`.
+
+A decode step at batch 1 reads every weight once and does two FLOPs per weight: far too
+little arithmetic per byte for the matmul units to matter. Its limit is memory bandwidth:
+a step cannot take less than (weight bytes + K/V bytes read) / bandwidth. This measures
+the device's bandwidth in the same run (a large copy, bytes read plus bytes written),
+times decode steps at several batch sizes, and prints the fraction of that limit reached.
+Larger batches read the same weights for more tokens, which is why tokens/s grows with
+the batch until the matmuls, not the reads, take the time.
+
+    python -m nano_infer.bench.decode                                   # the shipped model
+    python -m nano_infer.bench.decode --model qwen2.5-1.5b-shape --dtype bfloat16 --seqs 1 8 64 --profile 64
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from .roofline import decode_throughput, matmul_params
+from .timing import sync
+
+
+def copy_bandwidth(device: torch.device, nbytes: int | None = None, repeats: int = 5) -> float:
+    """Bytes per second of the best of `repeats` copies of an `nbytes` buffer, counting the read and the write."""
+    nbytes = nbytes or (2 << 30 if device.type == "cuda" else 256 << 20)
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first is a warm-up (and, on a CPU, the first touch of dst's pages)
+        sync()
+        start = time.perf_counter()
+        dst.copy_(src)
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best
+
+
+def bytes_per_step(engine, num_seqs: int, context: int) -> tuple[int, int]:
+    """(weight bytes, K/V bytes) one decode step must read: every matmul weight once (the LM head included),
+    and each sequence's `context` cached tokens in every layer."""
+    weights = matmul_params(engine.hf_config) * engine.dtype.itemsize
+    return weights, num_seqs * context * engine.kv_bytes_per_token
+
+
+def measure(engine, seqs: list[int], context: int, steps: int, bandwidth: float) -> list[dict]:
+    rows = []
+    for n in seqs:
+        decode = decode_throughput(engine, n, context, steps)
+        step_s = n / decode["tokens_per_s"]
+        weights, kv = bytes_per_step(engine, n, decode["context"])
+        rows.append(dict(num_seqs=n, context=decode["context"], step_ms=step_s * 1e3, tokens_per_s=decode["tokens_per_s"],
+                         weight_bytes=weights, kv_bytes=kv, read_bytes_per_s=(weights + kv) / step_s,
+                         of_bandwidth=(weights + kv) / step_s / bandwidth))
+        r = rows[-1]
+        print(f"{n:4d} sequences at ~{r['context']} tokens: {r['step_ms']:7.2f} ms per step, {r['tokens_per_s']:8.1f} tok/s; "
+              f"reads {weights / 1e9:.3f} GB weights + {kv / 1e9:.3f} GB K/V per step = {r['read_bytes_per_s'] / 1e9:6.1f} GB/s "
+              f"= {r['of_bandwidth']:.1%} of the bandwidth", flush=True)
+    return rows
+
+
+def profile_step(engine, num_seqs: int, context: int, steps: int = 3, top: int = 15) -> str:
+    """torch.profiler's table of `steps` decode steps of `num_seqs` sequences, ops sorted by their own time on
+    the device (kernel time on a GPU, CPU time on a CPU)."""
+    from .profile import fill
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if engine.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    fill(engine, num_seqs, context, seed=2)
+    engine.step()  # warm
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            engine.step()
+        sync()
+    for request_id in list(engine.requests):
+        engine.abort_request(request_id)
+    key = "self_device_time_total" if engine.device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=top)
+
+
+def main(argv=None) -> dict:
+    from ..engine import LLMEngine
+    from .__main__ import model_folder
+
+    p = argparse.ArgumentParser(prog="python -m nano_infer.bench.decode", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="default", help="'default' (the shipped model), a bench shape such as "
+                   "'qwen2.5-1.5b-shape' (random weights, built offline) or a checkpoint folder")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
+    p.add_argument("--seqs", type=int, nargs="+", default=[1, 8, 64], help="batch sizes to time")
+    p.add_argument("--context", type=int, default=512, help="tokens already in each sequence's cache")
+    p.add_argument("--steps", type=int, default=10, help="timed decode steps per batch size")
+    p.add_argument("--profile", type=int, metavar="N", help="also print torch.profiler's table for N sequences")
+    p.add_argument("--json", help="write the figures to this file")
+    args = p.parse_args(argv)
+    folder, _ = model_folder(args.model)
+    engine = LLMEngine(folder, dtype=args.dtype, max_num_seqs=max(args.seqs + [args.profile or 1]))
+    bandwidth = copy_bandwidth(engine.device)
+    params = sum(t.numel() for t in engine.model.parameters())
+    print(f"{args.model}: {params / 1e6:.0f}M params in {str(engine.dtype).removeprefix('torch.')} on {engine.device}; "
+          f"copy bandwidth measured now: {bandwidth / 1e9:.0f} GB/s (read + write)", flush=True)
+    report = dict(model=args.model, dtype=str(engine.dtype), device=str(engine.device), params=params,
+                  bandwidth_bytes_per_s=bandwidth, rows=measure(engine, args.seqs, args.context, args.steps, bandwidth))
+    if args.profile:
+        report["profile"] = profile_step(engine, args.profile, args.context)
+        print(f"\nwhere a decode step of {args.profile} sequences goes:\n{report['profile']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()
