@@ -43,7 +43,7 @@ def test_packed_linear_matches_f_linear(rows, bias):
 
 @needs_packing
 def test_pack_linears_swaps_every_linear_and_gives_tied_logits_their_own_copy(model_dir):
-    engine = LLM(str(model_dir), dtype="bfloat16", max_model_len=64).engine
+    engine = LLM(str(model_dir), dtype="bfloat16", max_model_len=64, device="cpu").engine
     model = engine.model
     assert not [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
@@ -60,9 +60,9 @@ def test_pack_linears_swaps_every_linear_and_gives_tied_logits_their_own_copy(mo
 def test_packed_engine_gives_the_unpacked_engines_tokens(model_dir, monkeypatch):
     prompts = [[5, 6, 7], list(range(10, 60)), [3] * 20]
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    packed_llm = LLM(str(model_dir), dtype="bfloat16", max_model_len=128)
+    packed_llm = LLM(str(model_dir), dtype="bfloat16", max_model_len=128, device="cpu")
     monkeypatch.setattr(packed, "can_pack", lambda device, dtype: False)
-    plain_llm = LLM(str(model_dir), dtype="bfloat16", max_model_len=128)
+    plain_llm = LLM(str(model_dir), dtype="bfloat16", max_model_len=128, device="cpu")
     assert isinstance(plain_llm.engine.model.layers[0].mlp.down_proj, nn.Linear)
     count = [sum(p.numel() for p in llm.engine.model.parameters()) for llm in (packed_llm, plain_llm)]
     assert count[0] == count[1]
@@ -72,7 +72,7 @@ def test_packed_engine_gives_the_unpacked_engines_tokens(model_dir, monkeypatch)
 
 
 def test_float32_keeps_plain_linears(qwen2_dir):
-    model = LLM(str(qwen2_dir), dtype="float32", max_model_len=64).engine.model
+    model = LLM(str(qwen2_dir), dtype="float32", max_model_len=64, device="cpu").engine.model
     assert isinstance(model.layers[0].self_attn.qkv_proj, nn.Linear) and not hasattr(model, "lm_head")
 
 

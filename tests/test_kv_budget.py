@@ -14,20 +14,20 @@ from nano_infer.kv.paged import KVPool
 def test_cpu_budget_is_a_share_of_free_memory_capped_at_4_gib(monkeypatch, qwen2_dir, available):
     monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=available))
     # max_num_seqs x max_model_len caps the pool too; make that cap far above both budgets
-    engine = LLMEngine(str(qwen2_dir), dtype="float32", max_num_seqs=100_000, block_size=16)
+    engine = LLMEngine(str(qwen2_dir), dtype="float32", max_num_seqs=100_000, block_size=16, device="cpu")
     budget = min(CPU_KV_BUDGET, int(available * CPU_KV_AVAILABLE_FRACTION))
     assert engine.kv.num_blocks == budget // (engine.kv_bytes_per_token * 16)
     assert engine.kv_pool.nbytes <= budget and f"= {engine.kv.num_blocks * 16:,} tokens" in engine.startup_line
 
 
 def test_pool_never_exceeds_what_max_num_seqs_full_sequences_use(qwen2_dir):
-    engine = LLMEngine(str(qwen2_dir), dtype="float32", max_num_seqs=3, block_size=16, max_model_len=100)
+    engine = LLMEngine(str(qwen2_dir), dtype="float32", max_num_seqs=3, block_size=16, max_model_len=100, device="cpu")
     assert engine.kv.num_blocks == 3 * 7 + 1
 
 
 def test_contiguous_cache_fits_full_length_sequences_in_the_budget(monkeypatch, qwen2_dir):
     monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=64 * 2**30))
-    engine = LLMEngine(str(qwen2_dir), dtype="bfloat16", kv_cache="contiguous", max_num_seqs=10**6)
+    engine = LLMEngine(str(qwen2_dir), dtype="bfloat16", kv_cache="contiguous", max_num_seqs=10**6, device="cpu")
     per_seq = engine.kv_bytes_per_token * engine.max_model_len
     assert engine.kv.num_blocks == CPU_KV_BUDGET // per_seq and engine.kv_pool.tensor.dtype is torch.bfloat16
 

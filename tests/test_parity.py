@@ -43,8 +43,9 @@ def test_logits_match_transformers(model_dir, tokenizer):
     ids = torch.tensor(prompts(tokenizer)[1])
     backend = AttentionBackend("dense", None)
     backend.meta = AttentionMetadata(slot_mapping=None, prefills=[SeqSlice(0, len(ids), len(ids))])
-    with torch.no_grad():
-        ours = engine.model.compute_logits(engine.model(ids, torch.arange(len(ids)), backend))
+    with torch.no_grad():  # the engine on its device (the GPU where there is one), transformers on the CPU
+        dev = engine.device
+        ours = engine.model.compute_logits(engine.model(ids.to(dev), torch.arange(len(ids), device=dev), backend)).cpu()
         theirs = hf_model(model_dir)(ids[None]).logits[0]
     assert ours.shape == theirs.shape
     assert torch.allclose(ours, theirs, atol=LOGIT_ATOL, rtol=0), (ours - theirs).abs().max()
