@@ -45,6 +45,17 @@ def bytes_per_step(engine, num_seqs: int, context: int) -> tuple[int, int]:
     return weights, num_seqs * context * engine.kv_bytes_per_token
 
 
+def memory_split(engine) -> dict:
+    """Bytes of weights and of the KV pool; on a GPU also what the caching allocator has handed out
+    (allocated) and holds from the driver (reserved), so the pool's share of the card shows."""
+    split = dict(weights=sum(t.numel() * t.element_size() for t in engine.model.parameters()),
+                 kv_pool=engine.kv_pool.tensor.numel() * engine.kv_pool.tensor.element_size())
+    if engine.device.type == "cuda":
+        split.update(allocated=torch.cuda.memory_allocated(engine.device), reserved=torch.cuda.memory_reserved(engine.device),
+                     total=torch.cuda.get_device_properties(engine.device).total_memory)
+    return split
+
+
 def measure(engine, seqs: list[int], context: int, steps: int, bandwidth: float) -> list[dict]:
     rows = []
     for n in seqs:
@@ -99,9 +110,12 @@ def main(argv=None) -> dict:
     engine = LLMEngine(folder, dtype=args.dtype, max_num_seqs=max(args.seqs + [args.profile or 1]))
     bandwidth = copy_bandwidth(engine.device)
     params = sum(t.numel() for t in engine.model.parameters())
+    memory = memory_split(engine)
     print(f"{args.model}: {params / 1e6:.0f}M params in {str(engine.dtype).removeprefix('torch.')} on {engine.device}; "
-          f"copy bandwidth measured now: {bandwidth / 1e9:.0f} GB/s (read + write)", flush=True)
-    report = dict(model=args.model, dtype=str(engine.dtype), device=str(engine.device), params=params,
+          f"copy bandwidth measured now: {bandwidth / 1e9:.0f} GB/s (read + write)\nmemory: " +
+          ", ".join(f"{name} {n / 2**30:.2f} GiB" if n >= 2**30 else f"{name} {n / 2**20:.1f} MiB"
+                                for name, n in memory.items()), flush=True)
+    report = dict(model=args.model, dtype=str(engine.dtype), device=str(engine.device), params=params, memory=memory,
                   bandwidth_bytes_per_s=bandwidth, rows=measure(engine, args.seqs, args.context, args.steps, bandwidth))
     if args.profile:
         report["profile"] = profile_step(engine, args.profile, args.context)
