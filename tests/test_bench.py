@@ -229,6 +229,8 @@ def test_decode_reads_every_matmul_weight_and_the_cached_kv(qwen2_dir):
 
 
 def test_decode_command_line_times_each_batch_and_profiles(qwen2_dir, tmp_path, capsys):
+    from transformers import AutoConfig
+
     from nano_infer.bench.decode import main as decode_main
 
     report = decode_main(["--model", str(qwen2_dir), "--dtype", "float32", "--seqs", "1", "4", "--context", "16",
@@ -241,8 +243,6 @@ def test_decode_command_line_times_each_batch_and_profiles(qwen2_dir, tmp_path, 
     assert 1e8 < report["bandwidth_bytes_per_s"] < 1e13
     assert "aten::" in report["profile"] and "Self CPU" in report["profile"]
     assert json.loads((tmp_path / "d.json").read_text())["rows"] == report["rows"]
-    from transformers import AutoConfig
-
     cfg = AutoConfig.from_pretrained(qwen2_dir)
     assert report["memory"]["kv_pool"] % (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * 4) == 0  # whole float32 slots
     assert report["memory"]["weights"] == 4 * report["params"]  # float32: 4 bytes a parameter

@@ -111,10 +111,10 @@ def main(argv=None) -> dict:
     bandwidth = copy_bandwidth(engine.device)
     params = sum(t.numel() for t in engine.model.parameters())
     memory = memory_split(engine)
+    sizes = ", ".join(f"{name} {n / 2**30:.2f} GiB" if n >= 2**30 else f"{name} {n / 2**20:.1f} MiB"
+                      for name, n in memory.items())
     print(f"{args.model}: {params / 1e6:.0f}M params in {str(engine.dtype).removeprefix('torch.')} on {engine.device}; "
-          f"copy bandwidth measured now: {bandwidth / 1e9:.0f} GB/s (read + write)\nmemory: " +
-          ", ".join(f"{name} {n / 2**30:.2f} GiB" if n >= 2**30 else f"{name} {n / 2**20:.1f} MiB"
-                                for name, n in memory.items()), flush=True)
+          f"copy bandwidth measured now: {bandwidth / 1e9:.0f} GB/s (read + write)\nmemory: {sizes}", flush=True)
     report = dict(model=args.model, dtype=str(engine.dtype), device=str(engine.device), params=params, memory=memory,
                   bandwidth_bytes_per_s=bandwidth, rows=measure(engine, args.seqs, args.context, args.steps, bandwidth))
     if args.profile:
