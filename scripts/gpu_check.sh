@@ -10,8 +10,8 @@
 # by default; transformers' reference runs where each test puts it), notebooks (nbval, the shipped model),
 # bench (a random-weight Qwen2.5-1.5B-shaped model in bfloat16: nano_infer vs transformers' continuous
 # batching at 64 and 256 requests, then decode steps of 1, 8 and 64 sequences against the bandwidth roofline,
-# with the profiler's table). Each phase has its own limit in seconds (TESTS_S, NOTEBOOKS_S, BENCH_S), so one
-# that hangs leaves the others their time. Exit status: the number of phases that failed.
+# with the profiler's table). Each phase has its own limit in seconds (TESTS_S, NOTEBOOKS_S, BENCH_S,
+# DECODE_S), so one that hangs leaves the others their time. Exit status: the number of phases that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu_check}
@@ -39,7 +39,7 @@ phase() {  # phase NAME LIMIT_S COMMAND...: run it with a time limit, its output
 }
 
 phase env 60 python3 - <<'PY'
-import importlib, platform, shutil, subprocess
+import importlib.util, platform, shutil, subprocess
 import torch, transformers
 smi = shutil.which("nvidia-smi")
 print(subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
