@@ -75,19 +75,15 @@ def measure(engine, seqs: list[int], context: int, steps: int, bandwidth: float)
 def profile_step(engine, num_seqs: int, context: int, steps: int = 3, top: int = 15) -> str:
     """torch.profiler's table of `steps` decode steps of `num_seqs` sequences, ops sorted by their own time on
     the device (kernel time on a GPU, CPU time on a CPU)."""
-    from .profile import fill
+    from .profile import decoding
 
     activities = [torch.profiler.ProfilerActivity.CPU]
     if engine.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    fill(engine, num_seqs, context, seed=2)
-    engine.step()  # warm
-    with torch.profiler.profile(activities=activities) as prof:
+    with decoding(engine, num_seqs, context, seed=2), torch.profiler.profile(activities=activities) as prof:
         for _ in range(steps):
             engine.step()
         sync()
-    for request_id in list(engine.requests):
-        engine.abort_request(request_id)
     key = "self_device_time_total" if engine.device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=top)
 

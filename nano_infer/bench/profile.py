@@ -20,6 +20,7 @@ the workload cannot finish faster than its kernels run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections import Counter
 
@@ -68,6 +69,19 @@ def fill(engine, num_seqs: int, context: int, seed: int = 0) -> None:
         engine.add_request(f"profile-{i}", prompt_token_ids=ids, params=params)
     while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running):
         engine.step()
+
+
+@contextlib.contextmanager
+def decoding(engine, num_seqs: int, context: int, seed: int = 0):
+    """`fill` the engine and take one warm step; inside, every step is a steady decode of `num_seqs` sequences.
+    The requests are aborted afterwards, leaving the engine empty."""
+    fill(engine, num_seqs, context, seed)
+    engine.step()  # warm
+    try:
+        yield
+    finally:
+        for request_id in list(engine.requests):
+            engine.abort_request(request_id)
 
 
 def step_breakdown(engine, steps: int = 20) -> tuple[float, dict[str, float]]:

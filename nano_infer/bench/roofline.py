@@ -77,15 +77,12 @@ def workload_flops(config, requests) -> float:
 def decode_throughput(engine, num_seqs: int, context: int, steps: int = 5) -> dict:
     """Steady-state decode: `num_seqs` sequences at ~`context` tokens, all decoding; tokens/s over `steps` steps
     (wall and CPU time). The requests are aborted afterwards, leaving the engine empty."""
-    from .profile import fill
+    from .profile import decoding
 
-    fill(engine, num_seqs, context, seed=1)
-    engine.step()  # warm
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        engine.step()
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    for request_id in list(engine.requests):
-        engine.abort_request(request_id)
+    with decoding(engine, num_seqs, context, seed=1):
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            engine.step()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"num_seqs": num_seqs, "context": context + steps // 2, "tokens_per_s": num_seqs * steps / wall,
             "tokens_per_cpu_s": num_seqs * steps / cpu}
