@@ -152,6 +152,10 @@ def test_command_line_writes_a_json_report(tmp_path, qwen2_dir, capsys):
     fp32, bf16 = (m["workloads"][0]["median"]["nano_infer"]["tokens_per_s"] for m in report["models"])
     [line] = report["summary"]
     assert line.startswith(f"{qwen2_dir}, 2 requests: float32: ") and f"bfloat16 / float32 = {bf16 / fp32:.2f}x" in line
+    for entry in report["models"]:  # each dtype's ratio comes with the ratio its kernel floor allows
+        w = entry["workloads"][0]
+        floor_ratio = w["kernel_floor"]["tokens_per_s"] / w["median"]["hf_continuous"]["tokens_per_s"]
+        assert f"x transformers CB (kernel floor {floor_ratio:.1f}x)" in line
     out = capsys.readouterr().out
     assert "nano_infer / hf_continuous" in out and line in out
     assert out.count("kernel floor (a ") == 2 and "these kernels alone cap nano_infer's batches at" in out

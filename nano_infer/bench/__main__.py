@@ -171,8 +171,9 @@ def run_model(args, name: str, folder: str, preset: dict, dtype: str, report: di
 
 
 def summarize(models: list[dict]) -> list[str]:
-    """The headline per model and workload: each dtype's ratio over transformers' continuous batching and share
-    of that dtype's ceiling, then bfloat16's speed-up over float32 for nano_infer."""
+    """The headline per model and workload: each dtype's ratio over transformers' continuous batching (and the
+    ratio the kernel floor allows, where there is one) and share of that dtype's ceiling, then bfloat16's
+    speed-up over float32 for nano_infer."""
     lines, by_key = [], {}
     for entry in models:
         for w in entry["workloads"]:
@@ -181,8 +182,11 @@ def summarize(models: list[dict]) -> list[str]:
         parts = []
         for dtype, w in per_dtype.items():
             cb = w["ratios"].get("nano_infer / hf_continuous", {}).get("median")
+            floor = w.get("kernel_floor", {}).get("tokens_per_s")
+            cb_floor = floor / w["median"]["hf_continuous"]["tokens_per_s"] if cb and floor else None
             parts.append(f"{dtype}: {w['median']['nano_infer']['tokens_per_s']:.1f} tok/s"
-                         + (f", {cb:.2f}x transformers CB" if cb else "") + f", {w['of_ceiling']['nano_infer']:.0%} of ceiling")
+                         + (f", {cb:.2f}x transformers CB" if cb else "")
+                         + (f" (kernel floor {cb_floor:.1f}x)" if cb_floor else "") + f", {w['of_ceiling']['nano_infer']:.0%} of ceiling")
         if {"float32", "bfloat16"} <= set(per_dtype):
             fp32, bf16 = (per_dtype[d]["median"]["nano_infer"]["tokens_per_s"] for d in ("float32", "bfloat16"))
             parts.append(f"bfloat16 / float32 = {bf16 / fp32:.2f}x")
