@@ -155,6 +155,7 @@ def test_command_line_writes_a_json_report(tmp_path, qwen2_dir, capsys):
     for entry in report["models"]:  # each dtype's ratio comes with the ratio its kernel floor allows
         w = entry["workloads"][0]
         floor_ratio = w["kernel_floor"]["tokens_per_s"] / w["median"]["hf_continuous"]["tokens_per_s"]
+        assert w["kernel_floor"]["ratios"] == {"hf_continuous": pytest.approx(floor_ratio)}
         assert f"x transformers CB (kernel floor {floor_ratio:.1f}x)" in line
     out = capsys.readouterr().out
     assert "nano_infer / hf_continuous" in out and line in out
