@@ -44,7 +44,8 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .engine import LLMEngine, check_utf8
+from .engine import LLMEngine
+from .request import check_utf8
 from .llm import LLM
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams

@@ -129,58 +129,88 @@ class AttentionBackend:
     `kv_cache` is [num_layers, 2, num_slots, num_kv_heads, head_dim] or None. A slot is one
     token's K (or V) vector; slot = block_id * block_size + offset. Reads go block by block:
     seen as [num_blocks, block_size * kv_heads * head_dim], an `index_select` over a block
-    table copies a few large rows instead of one small row per token.
+    table copies a few large rows instead of one small row per token. Each subclass is one way
+    to attend: `prefill` for a prompt chunk, `decode` for a batch of decode (or verify) rows.
     """
 
-    def __init__(self, impl: str, kv_cache: torch.Tensor | None, blocks_per_chunk: int = 16):
-        if impl not in ("dense", "gather", "blockwise"):
-            raise ValueError(f"attention={impl!r} is invalid: use 'gather' or 'blockwise'")
-        self.impl = impl
+    def __init__(self, kv_cache: torch.Tensor | None, blocks_per_chunk: int = 16):
         self.kv_cache = kv_cache
         self.blocks_per_chunk = blocks_per_chunk
         self.meta: AttentionMetadata | None = None
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = self.meta
-        num_kv_heads = k.shape[1]
-        groups = q.shape[1] // num_kv_heads
+        blocks = None
         if self.kv_cache is not None:
             self.kv_cache[layer, 0].index_copy_(0, meta.slot_mapping, k)
             self.kv_cache[layer, 1].index_copy_(0, meta.slot_mapping, v)
             k_blocks = self.kv_cache[layer, 0].view(-1, meta.block_size * k.shape[1] * k.shape[2])
-            v_blocks = self.kv_cache[layer, 1].view(k_blocks.shape)
+            blocks = k_blocks, self.kv_cache[layer, 1].view(k_blocks.shape)
         out = torch.empty_like(q)
         for s in meta.prefills:
             rows = slice(s.q_start, s.q_start + s.q_len)
-            if s.context_len == s.q_len and self.impl != "blockwise":  # nothing cached before: its own K/V
-                out[rows] = causal_prompt_attention(q[rows], k[rows], v[rows])
-                continue
-            qs = fold_gqa(q[rows], num_kv_heads)  # [KVH, G*L, D]
-            if self.impl == "blockwise":
-                context_lens = torch.tensor([s.context_len], device=q.device)
-                o = self._blockwise(qs[None], k_blocks, v_blocks, s.block_table[None], context_lens, s.q_len, groups)[0]
-            else:  # a chunk after cached tokens: keys from the pool, an explicit mask
-                if s.mask is None or s.mask.shape[0] != groups * s.q_len:  # built by the first layer, reused
-                    visible = causal_mask(s.q_len, s.context_len, groups, q.device)
-                    s.mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill_(~visible, float("-inf"))
-                ks = k_blocks.index_select(0, s.block_table).view(-1, *k.shape[1:])[: s.context_len]
-                vs = v_blocks.index_select(0, s.block_table).view(-1, *k.shape[1:])[: s.context_len]
-                o = sdpa(qs[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None], s.mask)[0]
-            out[rows] = unfold_gqa(o, s.q_len)
+            out[rows] = self.prefill(s, q[rows], k[rows], v[rows], blocks)
         for d in meta.decodes:
             B = (d.end - d.start) // d.q_len
-            qd = fold_gqa(q[d.start : d.end].view(B, d.q_len, *q.shape[1:]), num_kv_heads)  # [B, KVH, G*q_len, D]
-            if self.impl == "blockwise":
-                o = self._blockwise(qd, k_blocks, v_blocks, d.block_tables, d.context_lens, d.q_len, groups)
-            else:
-                kd, vd = (b.index_select(0, d.block_tables.view(-1)).view(B, -1, *k.shape[1:]).transpose(1, 2)
-                          for b in (k_blocks, v_blocks))  # [B, KVH, S, D]
-                mask = d.mask if d.q_len == 1 else d.mask.repeat(1, 1, groups, 1)  # rows are (group, query)
-                o = sdpa(qd, kd, vd, mask)
+            qd = fold_gqa(q[d.start : d.end].view(B, d.q_len, *q.shape[1:]), k.shape[1])  # [B, KVH, G*q_len, D]
+            o = self.decode(d, qd, blocks, q.shape[1] // k.shape[1])
             out[d.start : d.end] = unfold_gqa(o, d.q_len).reshape(d.end - d.start, *q.shape[1:])
         return out
 
-    def _blockwise(self, q, k_blocks, v_blocks, block_tables, context_lens, q_len, groups):
+    def prefill(self, s: SeqSlice, q, k, v, blocks) -> torch.Tensor:
+        """q, k, v [L, heads, D] of one prompt chunk; returns its attention output [L, heads, D]."""
+        raise NotImplementedError
+
+    def decode(self, d: DecodeBatch, q, blocks, groups: int) -> torch.Tensor:
+        """q [B, KVH, G*q_len, D]; returns the output in the same layout."""
+        raise NotImplementedError
+
+
+class DenseAttention(AttentionBackend):
+    """No KV cache: every step recomputes the whole sequence, so a prompt attends to its own K/V."""
+
+    def prefill(self, s, q, k, v, blocks):
+        return causal_prompt_attention(q, k, v)
+
+
+class GatherAttention(AttentionBackend):
+    """Gather each sequence's keys and values through its block table into one tensor, then SDPA."""
+
+    def prefill(self, s, q, k, v, blocks):
+        if s.context_len == s.q_len:  # nothing cached before: its own K/V
+            return causal_prompt_attention(q, k, v)
+        groups = q.shape[1] // k.shape[1]
+        if s.mask is None or s.mask.shape[0] != groups * s.q_len:  # built by the first layer, reused
+            visible = causal_mask(s.q_len, s.context_len, groups, q.device)
+            s.mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill_(~visible, float("-inf"))
+        # a chunk after cached tokens: keys from the pool, an explicit mask
+        ks, vs = (b.index_select(0, s.block_table).view(-1, *k.shape[1:])[: s.context_len].transpose(0, 1)[None]
+                  for b in blocks)
+        o = sdpa(fold_gqa(q, k.shape[1])[None], ks, vs, s.mask)[0]
+        return unfold_gqa(o, s.q_len)
+
+    def decode(self, d, q, blocks, groups):
+        B, kv_heads, D = q.shape[0], q.shape[1], q.shape[-1]
+        kd, vd = (b.index_select(0, d.block_tables.view(-1)).view(B, -1, kv_heads, D).transpose(1, 2)
+                  for b in blocks)  # [B, KVH, S, D]
+        mask = d.mask if d.q_len == 1 else d.mask.repeat(1, 1, groups, 1)  # rows are (group, query)
+        return sdpa(q, kd, vd, mask)
+
+
+class BlockwiseAttention(AttentionBackend):
+    """Walk the block table `blocks_per_chunk` blocks at a time with an online softmax: no tensor
+    ever holds a whole sequence's keys (FlashAttention's loop, in torch ops)."""
+
+    def prefill(self, s, q, k, v, blocks):
+        context_lens = torch.tensor([s.context_len], device=q.device)
+        qs = fold_gqa(q, k.shape[1])[None]  # [1, KVH, G*L, D]
+        o = self._blockwise(qs, blocks, s.block_table[None], context_lens, s.q_len, q.shape[1] // k.shape[1])[0]
+        return unfold_gqa(o, s.q_len)
+
+    def decode(self, d, q, blocks, groups):
+        return self._blockwise(q, blocks, d.block_tables, d.context_lens, d.q_len, groups)
+
+    def _blockwise(self, q, blocks, block_tables, context_lens, q_len, groups):
         """q [B, KVH, G*q_len, D]; block_tables [B, n]; walks the tables `blocks_per_chunk` blocks at a time."""
         B = block_tables.shape[0]
         bs = self.meta.block_size
@@ -192,9 +222,19 @@ class AttentionBackend:
             for first in range(0, block_tables.shape[1], self.blocks_per_chunk):
                 table = block_tables[:, first : first + self.blocks_per_chunk]
                 kc, vc = (b.index_select(0, table.reshape(-1)).view(B, -1, q.shape[1], q.shape[-1]).transpose(1, 2)
-                          for b in (k_blocks, v_blocks))  # [B, KVH, n, D]
+                          for b in blocks)  # [B, KVH, n, D]
                 n = kc.shape[2]
                 key_pos = torch.arange(first * bs, first * bs + n, device=q.device).view(1, 1, n)
                 yield kc, vc, (key_pos <= q_pos).unsqueeze(1)  # mask [B, 1, G*q_len, n]
 
         return online_softmax_attention(q, chunks(), scale)
+
+
+BACKENDS = {"dense": DenseAttention, "gather": GatherAttention, "blockwise": BlockwiseAttention}
+
+
+def make_backend(impl: str, kv_cache: torch.Tensor | None, blocks_per_chunk: int = 16) -> AttentionBackend:
+    """The backend named by `LLM(attention=...)` ("dense" when there is no KV cache)."""
+    if impl not in BACKENDS:
+        raise ValueError(f"attention={impl!r} is invalid: use 'gather' or 'blockwise'")
+    return BACKENDS[impl](kv_cache, blocks_per_chunk)

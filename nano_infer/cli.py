@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
+
+from .cli_engine import add_engine_args, engine_kwargs
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -33,39 +34,6 @@ def announce_default_model() -> None:
           "Shakespeare's plays so that everything runs offline on a CPU. Its replies are Shakespeare-flavoured "
           "nonsense by design. --model <hub id or folder> (or NANO_INFER_MODEL) loads a real one, e.g. "
           "Qwen/Qwen2.5-1.5B-Instruct.", file=sys.stderr)
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="hub id, local folder or .gguf file (default: NANO_INFER_MODEL, "
-                   "Qwen2.5-1.5B-Instruct on CUDA, else the model shipped in the package)")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
-    p.add_argument("--kv-cache", default="paged", choices=["none", "contiguous", "paged"], help="where K/V lives")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--prefix-cache", default="auto", choices=["auto", "none", "hash", "radix"],
-                   help="prefix reuse (auto: radix when paged)")
-    p.add_argument("--attention", default="gather", choices=["gather", "blockwise"],
-                   help="how attention reads the paged pool")
-    p.add_argument("--max-model-len", type=int, default=None, help="longest sequence (default: the model's)")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="ranks that each hold a shard of the model (worker processes here, or torchrun's ranks)")
-    p.add_argument("--speculative-config", default=None, help="JSON, as vLLM's: "
-                   '\'{"method": "ngram", "num_speculative_tokens": 4}\' or '
-                   '\'{"method": "draft_model", "model": "<dir or hub id>", "num_speculative_tokens": 3}\'')
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    spec = None
-    if args.speculative_config:
-        try:
-            spec = json.loads(args.speculative_config)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
-    return dict(dtype=args.dtype, device=args.device, kv_cache=args.kv_cache, block_size=args.block_size,
-                prefix_cache=None if args.prefix_cache == "none" else args.prefix_cache,
-                attention=args.attention, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                tensor_parallel_size=args.tensor_parallel_size, speculative_config=spec)
 
 
 def generate(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 
+from .cli_engine import add_engine_args, engine_kwargs
 from .constrained.limits import ConstraintLimits
 from .protocol import JSON_OBJECT
 from .sampling_params import SamplingParams
@@ -17,8 +18,6 @@ from .server import MAX_BODY_BYTES
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
-    from .cli import add_engine_args
-
     p = subparsers.add_parser("serve", help="serve the OpenAI API (/v1/completions, /v1/chat/completions, ...)")
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines")
     p.add_argument("--port", type=int, default=8000)
@@ -48,7 +47,6 @@ def _precompile_json_object(llm) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     from .async_engine import AsyncLLM
-    from .cli import engine_kwargs
     from .server import run_server
 
     try:

@@ -14,23 +14,7 @@ from __future__ import annotations
 import codecs
 import functools
 
-
-@functools.lru_cache(maxsize=8)
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's printable stand-ins for the 256 byte values, reversed."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars, n = list(printable), 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
-
-
-def is_byte_level(tokenizer) -> bool:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    return backend is not None and type(backend.decoder).__name__ == "ByteLevel"
+from .byte_level import gpt2_unicode_to_byte, is_byte_level
 
 
 _TABLES: dict[int, tuple[object, list[bytes], set[int]]] = {}
@@ -40,7 +24,7 @@ def token_bytes_table(tokenizer) -> tuple[list[bytes], set[int]]:
     """bytes of every token id of a byte-level BPE tokenizer, and the ids of special tokens."""
     key = id(tokenizer)
     if key not in _TABLES or _TABLES[key][0] is not tokenizer:
-        dec = _byte_decoder()
+        dec = gpt2_unicode_to_byte()
         vocab = tokenizer.get_vocab()
         added = {t.content for t in tokenizer.backend_tokenizer.get_added_tokens_decoder().values() if t.special}
         table = [b""] * (max(vocab.values()) + 1)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .plugin import EnginePlugin
+
 
 @dataclass
 class StepRecord:
@@ -37,7 +39,7 @@ class StepRecord:
 
 
 def kv_usage(kv, running, bytes_per_token: int) -> tuple[int, int]:
-    """(reserved, used) bytes. A block shared by several sequences counts once."""
+    """(reserved, used) bytes of a KVManager. A block shared by several sequences counts once."""
     if kv is None:
         return 0, 0
     bs = kv.block_size
@@ -46,30 +48,28 @@ def kv_usage(kv, running, bytes_per_token: int) -> tuple[int, int]:
         for i, block in enumerate(seq.block_table):
             n = min(bs, max(0, seq.num_computed_tokens - i * bs))
             filled[block] = max(filled.get(block, 0), n)
-    cache = kv.prefix_cache
-    if cache is not None:  # idle cached blocks are full and still reserved
+    if kv.prefix_cache is not None:  # idle cached blocks (only the cache's reference) are full and still reserved
         for block in range(kv.num_blocks):
-            if kv.ref_count[block] == 0 and cache.holds(block):
+            if kv.ref_count[block] == 1 and kv.holds(block):
                 filled[block] = bs
     reserved = (kv.num_blocks - kv.num_free_blocks) * bs * bytes_per_token
     return reserved, sum(filled.values()) * bytes_per_token
 
 
-class StepRecorder:
+class StepRecorder(EnginePlugin):
     """Opt-in (`LLM(record_steps=True)`): one StepRecord per engine step, for the plots."""
 
     def __init__(self):
         self.records: list[StepRecord] = []
+        self._scheduled: list[tuple[str, int, int, str]] = []
 
-    @staticmethod
-    def describe(out) -> list[tuple[str, int, int, str]]:
-        """Call before the step runs: a decode computes the K/V of a generated token (and, with
-        speculative decoding, of the tokens proposed after it)."""
-        return [(s.request_id, s.index, n,
-                 "decode" if n == 1 + len(s.spec_token_ids) and s.num_computed_tokens >= s.num_prompt_tokens else "prefill")
-                for s, n in out.scheduled]
+    def adjust(self, batch, runner) -> None:
+        """Note what each entry computes before the step runs (after the proposals are in): a
+        decode computes the K/V of a generated token (and of the tokens proposed after it)."""
+        self._scheduled = [(e.seq.request_id, e.seq.index, e.num_tokens, e.kind) for e in batch.scheduled]
 
-    def record(self, engine, out, scheduled: list, start: float) -> None:
+    def after_step(self, engine, out, start: float) -> None:
+        scheduled = self._scheduled
         kv, sched = engine.kv, engine.scheduler
         reserved, used = kv_usage(kv, sched.running, engine.kv_bytes_per_token)
         cuda = torch.cuda.is_available() and engine.device.type == "cuda"

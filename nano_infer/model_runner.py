@@ -9,10 +9,14 @@ A step is packed in two stages: `pack` turns the scheduled sequences into a `Ste
 plain lists (what a tensor-parallel driver sends its workers), `build` turns that into the
 tensors the model reads. Every rank runs `execute` on the same StepInput.
 
-Speculative decoding: a sequence's proposed tokens (`seq.spec_token_ids`) follow its known
-tokens, and a verify step computes the last known token plus all proposals in one pass, with
-a logit row for each (the target's distribution after every proposed prefix). Verify rows are
-batched like decodes (several query tokens each), grouped by how many tokens they verify.
+Speculative decoding: an entry's proposed tokens (`ScheduledSeq.spec_token_ids`) follow its
+known tokens, and a verify step computes the last known token plus all proposals in one pass,
+with a logit row for each (the target's distribution after every proposed prefix). Verify rows
+are batched like decodes (several query tokens each), grouped by how many tokens they verify.
+
+Other models can run on the same block tables (`mirror`): a draft model keeps its own KV pool
+filled at the same slots by running every packed step too. The runner does not know what
+they are for.
 """
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .attention import AttentionBackend, AttentionMetadata, DecodeBatch, SeqSlice
-from .sequence import Sequence
+from .attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend
+from .kv.block_manager import slot_mapping
+from .scheduler import ScheduledSeq
 
 # Decodes per attention call on CPU. Each call pads to its own longest context, so sorting by length
 # and cutting into batches copies less padding; past ~32 rows a bigger call saves little per-call
@@ -51,69 +56,64 @@ class ModelRunner:
         self.kv_pool = kv_pool
         self.block_size = block_size
         self.device = device
-        self.backend = AttentionBackend("dense" if kv_pool is None else attention, kv_pool.tensor if kv_pool else None)
+        self.backend = make_backend("dense" if kv_pool is None else attention, kv_pool.tensor if kv_pool else None)
         self.decode_batch = CPU_DECODE_BATCH if device.type == "cpu" else 1 << 16
         self.num_forward_tokens = 0  # tokens pushed through the model so far (prefill work done)
-        self.draft = None  # spec.DraftProposer when a draft model proposes tokens
+        self.mirrors: list[tuple] = []  # (model, kv_pool, backend) run on every step at the same slots
 
-    def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
-        bs, table = self.block_size, seq.block_table
-        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+    def mirror(self, model, kv_pool, attention: str):
+        """Run `model` on every packed step too, writing its K/V into `kv_pool` at the slots the
+        target's block tables name (so copy-on-write and rollback apply to both). Returns its backend."""
+        backend = make_backend(attention, kv_pool.tensor)
+        self.mirrors.append((model, kv_pool, backend))
+        return backend
 
-    def prepare(self, scheduled: list[tuple[Sequence, int]], offset: int = 0):
+    def prepare(self, scheduled: list[ScheduledSeq]):
         """(ids, positions, AttentionMetadata, logit rows) of the step: `build(pack(scheduled))`."""
-        step = self.pack(scheduled, offset=offset)
+        step = self.pack(scheduled)
         ids, pos, meta = self.build(step)
         return ids, pos, meta, step.sample_rows
 
-    def pack(self, scheduled: list[tuple[Sequence, int]], copies: list[tuple[int, int]] | None = None,
-             offset: int = 0) -> StepInput:
+    def pack(self, scheduled: list[ScheduledSeq], copies: list[tuple[int, int]] | None = None) -> StepInput:
         """Decodes (and verify rows) come first, grouped by query length and sorted by context length,
         so every decode batch is one contiguous run of rows; prefill chunks follow. Logit rows are
-        listed in `scheduled` order: the last row of a sequence that reaches its last known token,
-        every row of a verify. `offset` starts each sequence that many tokens past
-        `num_computed_tokens` (a draft model's k-th proposal pass)."""
+        listed in `scheduled` order: the last row of an entry that reaches its last known token,
+        every row of a verify."""
         cached = self.kv_pool is not None
-        decodes = sorted((i for i, (seq, n) in enumerate(scheduled) if cached and (n == 1 or n == 1 + len(seq.spec_token_ids))),
-                         key=lambda i: (scheduled[i][1], scheduled[i][0].num_computed_tokens))
+        decodes = sorted((i for i, e in enumerate(scheduled) if cached and e.is_decode),
+                         key=lambda i: (scheduled[i].num_tokens, scheduled[i].start))
         is_decode = set(decodes)
-        input_ids, positions, slot_mapping, prefills, rows = [], [], [], [], {}
+        input_ids, positions, slots, prefills, rows = [], [], [], [], {}
         for i in decodes + [i for i in range(len(scheduled)) if i not in is_decode]:
-            seq, n = scheduled[i]
-            start = seq.num_computed_tokens + offset
-            known = seq.token_ids + seq.spec_token_ids if seq.spec_token_ids else seq.token_ids
+            e = scheduled[i]
             q_start = len(input_ids)
-            input_ids += known[start : start + n]
-            positions += range(start, start + n)
+            input_ids += e.token_ids
+            positions += range(e.start, e.end)
             if cached:
-                slot_mapping += self._slots(seq, start, start + n)
+                slots += slot_mapping(e.seq.block_table, e.start, e.end, self.block_size)
             if i not in is_decode:
-                num_blocks = -(-(start + n) // self.block_size)
-                prefills.append((q_start, n, start + n, seq.block_table[:num_blocks] if cached else None))
-            if start + n == len(known):
-                num_rows = min(n, 1 + len(seq.spec_token_ids))
-                rows[i] = range(q_start + n - num_rows, q_start + n)
+                prefills.append((q_start, e.num_tokens, e.end, e.seq.block_table[: e.num_blocks(self.block_size)] if cached else None))
+            if e.num_logit_rows:
+                rows[i] = range(q_start + e.num_tokens - e.num_logit_rows, q_start + e.num_tokens)
         sample_rows = [r for i in range(len(scheduled)) for r in rows.get(i, ())]
-        return StepInput(input_ids, positions, slot_mapping if cached else None, prefills,
-                         self._decode_batches([scheduled[i] for i in decodes], offset), sample_rows, copies or [])
+        return StepInput(input_ids, positions, slots if cached else None, prefills,
+                         self._decode_batches([scheduled[i] for i in decodes]), sample_rows, copies or [])
 
-    def _decode_batches(self, scheduled: list[tuple[Sequence, int]], offset: int) -> list:
+    def _decode_batches(self, scheduled: list[ScheduledSeq]) -> list:
         """`scheduled` (grouped by query length, sorted by context length) cut into batches of at most
         `decode_batch` rows of one query length, each padded to its own longest."""
         batches, row, i = [], 0, 0
         while i < len(scheduled):
-            q_len = scheduled[i][1]
+            q_len = scheduled[i].num_tokens
             j = i
-            while j < len(scheduled) and j - i < self.decode_batch and scheduled[j][1] == q_len:
+            while j < len(scheduled) and j - i < self.decode_batch and scheduled[j].num_tokens == q_len:
                 j += 1
-            batch = [seq for seq, _ in scheduled[i:j]]
-            width = -(-(batch[-1].num_computed_tokens + offset + q_len) // self.block_size)  # the longest is last
-            batches.append((row, [(s.block_table + [0] * width)[:width] for s in batch],
-                            [s.num_computed_tokens + offset + q_len for s in batch], q_len))
+            batch = scheduled[i:j]
+            width = batch[-1].num_blocks(self.block_size)  # the longest is last
+            batches.append((row, [(e.seq.block_table + [0] * width)[:width] for e in batch], [e.end for e in batch], q_len))
             row += len(batch) * q_len
             i = j
         return batches
-
     def build(self, step: StepInput):
         """(ids, positions, AttentionMetadata) on this rank's device; decode block tables and masks are
         built once per step for all layers."""
@@ -136,14 +136,14 @@ class ModelRunner:
         return torch.tensor(step.input_ids, device=dev), torch.tensor(step.positions, device=dev), meta
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write in every KV pool that is indexed by the block tables (the draft's too)."""
+        """Copy-on-write in every KV pool that is indexed by the block tables (the mirrors' too)."""
         if copies:
             self.kv_pool.copy_blocks(copies)
-            if self.draft is not None:
-                self.draft.kv_pool.copy_blocks(copies)
+            for _, pool, _ in self.mirrors:
+                pool.copy_blocks(copies)
 
     @torch.inference_mode()
-    def run(self, scheduled: list[tuple[Sequence, int]], copies: list[tuple[int, int]] = ()) -> torch.Tensor:
+    def run(self, scheduled: list[ScheduledSeq], copies: list[tuple[int, int]] = ()) -> torch.Tensor:
         """Logits [rows, vocab] in float32 for the rows `pack` names, in scheduled order. With tensor
         parallelism the executor first sends the step to every worker, which runs `execute` on it in
         lockstep."""
@@ -154,14 +154,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor | None:
-        """Copy-on-write, forward, logits of the listed rows (None on a tensor-parallel worker). A draft
-        model runs the same packed step, so its KV pool holds K/V wherever the target's does."""
+        """Copy-on-write, forward, logits of the listed rows (None on a tensor-parallel worker). The
+        mirrors run the same packed step, so their KV pools hold K/V wherever the target's does."""
         self.copy_blocks(step.copies)
         ids, pos, meta = self.build(step)
         self.backend.meta = meta
         hidden = self.model(ids, pos, self.backend)
-        if self.draft is not None:
-            self.draft.mirror(ids, pos, meta)
+        for model, _, backend in self.mirrors:
+            backend.meta = meta
+            model(ids, pos, backend)
         self.num_forward_tokens += len(ids)
         logits = self.model.compute_logits(hidden[step.sample_rows])
         return None if logits is None else logits.float()

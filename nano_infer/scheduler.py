@@ -17,6 +17,9 @@ With speculative decoding (`lookahead`), a decoding sequence asks for 1 + k toke
 token and k proposals verified in the same pass. They count against the budget and get KV
 slots like any other tokens; if the pool cannot hold them, the sequence decodes one token.
 
+Each scheduled sequence becomes one `ScheduledSeq`: what it computes this step, decided here
+once and read by the plug-ins, the model runner and the output processor after it.
+
 `policy="lpm"` orders the queue by longest prefix-cache match first (SGLang's default; up to
 LPM_MAX_QUEUE waiting requests); `"fcfs"` keeps arrival order. `mode="static"` is the
 baseline: admit a batch only when the previous one has completely finished.
@@ -27,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .sequence import Sequence, SequenceStatus
+from .utils import cdiv
 
 # LPM matches every waiting request against the prefix cache at every step. Past this many waiting
 # requests the matching costs more than the order saves, and the queue is served first come first
@@ -34,27 +38,71 @@ from .sequence import Sequence, SequenceStatus
 LPM_MAX_QUEUE = 128
 
 
+@dataclass(eq=False)
+class ScheduledSeq:
+    """One sequence's work in a step: positions [start, start + num_tokens) get their K/V computed.
+
+    A decode computes its one new token; a prefill chunk computes part of the prompt; a verify
+    (speculative decoding) computes the last token plus `spec_token_ids`, the proposals, which a
+    plug-in fills into the `num_lookahead` slots the scheduler reserved. An entry gets logit rows
+    only when it reaches the end of what is known: one row, or one per proposal plus one.
+    """
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    num_lookahead: int = 0  # KV slots reserved past the step for proposals
+    spec_token_ids: list[int] = field(default_factory=list)
+    # the draft model's distribution for each proposal when the request samples (none: a point mass)
+    spec_draft_probs: list = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens fed this step: known tokens, then proposals."""
+        known = self.seq.token_ids + self.spec_token_ids if self.spec_token_ids else self.seq.token_ids
+        return known[self.start : self.end]
+
+    @property
+    def num_logit_rows(self) -> int:
+        """0 for a prefill chunk short of the prompt's end, else 1 + the proposals it verifies."""
+        if self.end < len(self.seq) + len(self.spec_token_ids):
+            return 0
+        return min(self.num_tokens, 1 + len(self.spec_token_ids))
+
+    @property
+    def is_decode(self) -> bool:
+        """One query token, or the last token and its proposals (a verify): batched as decodes."""
+        return self.num_tokens == 1 or self.num_tokens == 1 + len(self.spec_token_ids)
+
+    @property
+    def kind(self) -> str:
+        """ "decode" for the K/V of a generated token (and the proposals after it), else "prefill"."""
+        return "decode" if self.is_decode and self.start >= self.seq.num_prompt_tokens else "prefill"
+
+    def num_blocks(self, block_size: int) -> int:
+        """Blocks of the block table this step's attention reads."""
+        return cdiv(self.end, block_size)
+
+
 @dataclass
 class SchedulerOutput:
-    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, tokens to compute)
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks, before the step
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
+        return sum(e.num_tokens + e.num_lookahead for e in self.scheduled)
 
 
 class Scheduler:
-    def __init__(self, kv, prefix_cache, *, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, kv, *, max_num_seqs: int, max_num_batched_tokens: int,
                  policy: str = "fcfs", mode: str = "continuous", chunked_prefill: bool = True, lookahead=None):
-        if policy not in ("fcfs", "lpm"):
-            raise ValueError(f"scheduler_policy={policy!r} is invalid: use 'fcfs' or 'lpm'")
-        if mode not in ("continuous", "static"):
-            raise ValueError(f"scheduler={mode!r} is invalid: use 'continuous' or 'static'")
-        if policy == "lpm" and prefix_cache is None:
-            raise ValueError("scheduler_policy='lpm' orders requests by prefix-cache match: set prefix_cache='hash' or 'radix'")
-        self.kv = kv  # BlockManager, ContiguousKVCache, or None (no cache: recompute everything)
-        self.prefix_cache = prefix_cache
+        self.kv = kv  # KVManager, or None (no cache: recompute everything)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
@@ -67,15 +115,14 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
     # -- one step -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted and (self.mode == "continuous" or not self.running):
             self._schedule_waiting(out, budget)
+        if self.kv is not None:
+            out.copies = self.kv.take_copies()
         return out
 
     def _tokens_for(self, seq: Sequence, budget: int) -> int:
@@ -91,12 +138,13 @@ class Scheduler:
             n = self._tokens_for(seq, budget)
             if n > budget and out.scheduled:
                 break
+            lookahead = 0
             if self.lookahead is not None and n == 1:
-                n += min(self.lookahead(seq), budget - 1)
-                if not self.kv.can_allocate(seq, n):
-                    n = 1
+                lookahead = min(self.lookahead(seq), budget - 1)
+                if not self.kv.can_allocate(seq, 1 + lookahead):
+                    lookahead = 0
             if self.kv is not None:
-                while not self.kv.can_allocate(seq, n):
+                while not self.kv.can_allocate(seq, n + lookahead):
                     victim = self.running.pop()  # the most recently admitted
                     self._preempt(victim)
                     out.preempted.append(victim)
@@ -104,42 +152,39 @@ class Scheduler:
                         break
                 if seq.status is not SequenceStatus.RUNNING:
                     break
-                self.kv.allocate(seq, n)
-            out.scheduled.append((seq, n))
-            budget -= n
+                self.kv.allocate(seq, n + lookahead)
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n, lookahead))
+            budget -= n + lookahead
             i += 1
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         if self.policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
             # stable sort: ties keep arrival order
-            self.waiting = deque(sorted(self.waiting, key=lambda s: -len(self.prefix_cache.match(s.token_ids))))
+            self.waiting = deque(sorted(self.waiting, key=lambda s: -self.kv.match_len(s.token_ids)))
         # a seat for every running sequence and for each sample it will still fork off (n > 1)
         seats = len(self.running) + sum(s.num_pending_forks for s in self.running)
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             if seats + 1 + seq.num_pending_forks > self.max_num_seqs:
                 break
-            if self.prefix_cache is not None:
-                self.prefix_cache.acquire(seq)
+            if self.kv is not None:
+                self.kv.acquire(seq)
             n = self._tokens_for(seq, budget)
             if (n > budget and out.scheduled) or (self.kv is not None and not self.kv.can_allocate(seq, n)):
                 self._undo_admission(seq)
                 break
             if self.kv is not None:
                 self.kv.allocate(seq, n)
-            if self.prefix_cache is not None:
-                self.prefix_cache.record_admission(seq)
+                self.kv.record_admission(seq)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append((seq, n))
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
             budget -= n
             seats += 1 + seq.num_pending_forks
 
     def _undo_admission(self, seq: Sequence) -> None:
-        if self.prefix_cache is not None:
-            self.prefix_cache.release(seq)
         if self.kv is not None:
             self.kv.free(seq)
         seq.num_computed_tokens = 0
@@ -151,15 +196,22 @@ class Scheduler:
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    # -- leaving --------------------------------------------------------------------------------
+    # -- after a step, and leaving -----------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput) -> None:
+        """The step is over: the full blocks it computed go into the prefix cache."""
+        if self.kv is not None:
+            for entry in out.scheduled:
+                if not entry.seq.is_finished:
+                    self.kv.cache_computed(entry.seq)
+
     def finish(self, seq: Sequence, reason: str) -> None:
         """Free a sequence's KV; its full blocks stay in the prefix cache for later requests."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        if self.prefix_cache is not None and seq.block_table:
-            self.prefix_cache.cache_computed(seq)
-        self._undo_admission(seq)
+        if self.kv is not None:
+            self.kv.finish(seq)
+        seq.num_computed_tokens = 0
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -34,16 +34,13 @@ class Sequence:
     constraint: object = None  # nano_infer.constrained constraint, when the output is constrained
     detokenizer: object = None  # IncrementalDetokenizer, created when text is needed while running
     logprobs: list | None = None  # per output token {token id: Logprob}, when params.logprobs is set
-    prefix_node: object = None  # radix tree node this sequence holds locked
-    block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks (hash cache)
+    # the prefix cache's own record of this sequence, opaque to everyone else: the radix tree's
+    # locked node, or the hash cache's chained hashes of its full blocks
+    prefix_handle: object = None
     num_preemptions: int = 0
     # n > 1 on a paged cache: samples that fork off this sequence once its prompt is computed
     # (they share its blocks); the scheduler keeps a seat for each from admission on
     num_pending_forks: int = 0
-    # speculative decoding: tokens proposed for this step (verified, then cleared), and the draft
-    # model's distribution for each when the request samples (None: a point mass on the token)
-    spec_token_ids: list[int] = field(default_factory=list)
-    spec_draft_probs: list = field(default_factory=list)
 
     def __post_init__(self):
         if not self.token_ids:

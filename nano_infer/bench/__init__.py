@@ -2,6 +2,7 @@
 
 `python -m nano_infer.bench` runs the comparison (see `__main__`); the pieces are here
 for notebooks and tests: a workload (`workload`), one runner per engine (`throughput`),
-the alternating rounds and medians (`compare`), the matmul roofline (`roofline`);
+the alternating rounds and medians (`compare`), the matmul roofline (`roofline`), the
+models a --model value names and their workload sizes (`presets`);
 `prefix` holds the prefix-cache TTFT benchmarks of chapters 03-04.
 """

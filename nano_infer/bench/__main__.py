@@ -23,29 +23,13 @@ from pathlib import Path
 
 import torch
 
-from ..models.loader import default_model, pick_dtype, resolve_model_dir
+from ..models.loader import pick_dtype
 from .compare import ENGINES, Bench, device_name
+from .presets import DTYPES, PRESETS, SHAPES, model_folder
 from .profile import KERNELS
-from .random_model import QWEN2_5_0_5B, QWEN2_5_1_5B, SMOLLM2_135M, random_model
 from .roofline import decode_throughput, matmul_gflops
 
-SHAPES = {"smollm2-135m-shape": SMOLLM2_135M, "qwen2.5-0.5b-shape": QWEN2_5_0_5B, "qwen2.5-1.5b-shape": QWEN2_5_1_5B}
 DEFAULT_MODELS = ["default", "smollm2-135m-shape", "qwen2.5-0.5b-shape"]  # the 1.5B shape is for a GPU (scripts/gpu_check.sh)
-DTYPES = ["float32", "bfloat16"]
-# per model: request counts, length ranges, rounds, dtypes, and the one-chat latency case (prompt, outputs).
-# Chat-length prompts for the real shapes: a system prompt and a question, answers of a paragraph. Static
-# batches run one after another, so past `static_max_requests` their tokens/s would not change: left out.
-PRESETS = {
-    "default": dict(requests=[32, 128], prompt_len=(16, 192), output_len=(32, 96), rounds=2, dtypes=DTYPES,
-                    latency=(128, 64)),
-    "smollm2-135m-shape": dict(requests=[32, 128], prompt_len=(48, 192), output_len=(32, 64), rounds=2, dtypes=DTYPES,
-                               latency=(128, 48), static_max_requests=32),
-    "qwen2.5-0.5b-shape": dict(requests=[32], prompt_len=(48, 128), output_len=(16, 32), rounds=1, dtypes=DTYPES,
-                               latency=(128, 24)),
-    "qwen2.5-1.5b-shape": dict(requests=[64, 256], prompt_len=(48, 192), output_len=(32, 64), rounds=1,
-                               dtypes=["bfloat16"], latency=(128, 48), static_max_requests=64),
-    "quick": dict(requests=[8], prompt_len=(16, 64), output_len=(8, 16), rounds=1, dtypes=["auto"], latency=(16, 6)),
-}
 COLUMNS = [("tokens_per_s", "tok/s", "{:9.1f}"), ("tokens_per_cpu_s", "tok/CPU-s", "{:9.1f}"), ("ttft_p50_ms", "TTFT p50 ms", "{:11.0f}"),
            ("ttft_p99_ms", "TTFT p99 ms", "{:11.0f}"), ("itl_p50_ms", "ITL p50 ms", "{:10.1f}"),
            ("itl_p99_ms", "ITL p99 ms", "{:10.1f}"), ("kv_reserved_mb", "KV rsv MB", "{:9.1f}"),
@@ -78,16 +62,6 @@ def parse_args(argv=None):
     if args.quick and args.model == p.get_default("model"):
         args.model = ["default"]
     return args
-
-
-def model_folder(name: str) -> tuple[str, str]:
-    """(checkpoint folder or .gguf file, preset name) for a --model value."""
-    if name == "default":
-        return str(resolve_model_dir(default_model())), "default"
-    if name in SHAPES:
-        print(f"building (or reusing) a random-weight {name} model ...", flush=True)
-        return str(random_model(resolve_model_dir(default_model()), SHAPES[name], name)), name
-    return name, "default"
 
 
 def format_table(result: dict) -> str:

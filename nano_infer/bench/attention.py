@@ -23,6 +23,7 @@ from ..kv import KVPool
 from ..model_runner import ModelRunner
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
+from ..utils import cdiv
 from .timing import interleaved
 
 
@@ -46,7 +47,7 @@ def step_case(impl: str, work: list[tuple[int, int]], num_heads: int, num_kv_hea
               block_size: int = 16, blocks_per_chunk: int = 16, dtype=torch.float32, device="cpu", seed: int = 0) -> StepCase:
     """work: (tokens already cached, tokens computed now) per sequence: (n - 1, 1) is a decode."""
     device = torch.device(device)
-    blocks = [-(-(cached + new) // block_size) for cached, new in work]
+    blocks = [cdiv(cached + new, block_size) for cached, new in work]
     pool = KVPool(1, sum(blocks), block_size, num_kv_heads, head_dim, dtype, device)
     gen = torch.Generator(device).manual_seed(seed)
     pool.tensor.normal_(generator=gen)

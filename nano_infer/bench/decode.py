@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from .presets import model_folder
 from .roofline import decode_throughput, matmul_params
 from .timing import sync
 
@@ -90,7 +91,6 @@ def profile_step(engine, num_seqs: int, context: int, steps: int = 3, top: int =
 
 def main(argv=None) -> dict:
     from ..engine import LLMEngine
-    from .__main__ import model_folder
 
     p = argparse.ArgumentParser(prog="python -m nano_infer.bench.decode", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="default", help="'default' (the shipped model), a bench shape such as "

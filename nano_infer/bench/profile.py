@@ -27,6 +27,7 @@ from collections import Counter
 import torch
 
 from ..sampling_params import SamplingParams
+from .presets import PRESETS, model_folder
 from .throughput import run_nano
 from .workload import make_workload, ordinary_token_ids
 
@@ -162,7 +163,6 @@ def print_workload_breakdown(engine, args) -> None:
 
 def main(argv=None):
     from ..engine import LLMEngine
-    from .__main__ import PRESETS, model_folder
 
     p = argparse.ArgumentParser(prog="python -m nano_infer.bench.profile", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="checkpoint folder, hub id or a bench shape such as "

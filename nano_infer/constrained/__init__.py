@@ -5,11 +5,11 @@ regex -> byte-level DFA (byte_dfa) -> per-state allowed tokens over the vocabula
 choice lists are first written as regexes (json_schema).
 """
 from .byte_dfa import ByteDFA
-from .constraint import Constraint, build_constraint, constraint_key, constraint_regex
+from .constraint import Constraint, build_constraint, constraint_key
 from .json_schema import json_schema_to_regex
 from .limits import ConstraintLimits
 from .token_index import TokenIndex
 from .vocabulary import TokenVocabulary
 
 __all__ = ["ByteDFA", "Constraint", "ConstraintLimits", "TokenIndex", "TokenVocabulary", "build_constraint",
-           "constraint_key", "constraint_regex", "json_schema_to_regex"]
+           "constraint_key", "json_schema_to_regex"]

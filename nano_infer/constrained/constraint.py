@@ -106,11 +106,6 @@ def compile_index(key: tuple[str, str], vocab: TokenVocabulary, limits: Constrai
     return TokenIndex.build(dfa, vocab)
 
 
-def constraint_regex(params) -> str | None:
-    key = constraint_key(params)
-    return None if key is None else key_regex(key)
-
-
 def token_index(key: tuple[str, str], vocab: TokenVocabulary, limits: ConstraintLimits = DEFAULT_LIMITS) -> TokenIndex:
     """The token index of a constraint key over `vocab`, from the vocabulary's LRU cache if there.
 

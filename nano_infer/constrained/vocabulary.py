@@ -9,7 +9,6 @@ tags) are control signals, not text: they never match a pattern, and EOS is hand
 from __future__ import annotations
 
 import base64
-import json
 import re
 import weakref
 from collections import OrderedDict
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from ..byte_level import decoder_kinds, gpt2_unicode_to_byte
 from .trie import VocabTrie
 
 
@@ -98,12 +98,9 @@ def _token_bytes(tokenizer, vocab_size: int) -> list[bytes | None]:
 
 def _piece_decoder(tokenizer):
     """A function piece -> bytes for the tokenizer's kind of vocabulary."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    decoder = backend.decoder if backend is not None else None
-    spec = json.loads(decoder.__getstate__()) if decoder is not None else {}
-    kinds = [d["type"] for d in spec.get("decoders", [spec] if spec else [])]
-    if "ByteLevel" in kinds:
-        to_byte = {ch: b for b, ch in gpt2_byte_to_unicode().items()}
+    kinds = decoder_kinds(tokenizer)
+    if "ByteLevel" in kinds:  # among other steps too: the pieces are still written in the byte alphabet
+        to_byte = gpt2_unicode_to_byte()
 
         def byte_level(piece: str) -> bytes | None:
             try:
@@ -125,20 +122,3 @@ def _piece_decoder(tokenizer):
 
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def gpt2_byte_to_unicode() -> dict[int, str]:
-    """GPT-2's printable stand-in character for each byte (its byte-level BPE alphabet).
-
-    Printable Latin-1 bytes stand for themselves; the other 68 bytes (controls, space, ...)
-    are moved to U+0100 and up, in byte order.
-    """
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table

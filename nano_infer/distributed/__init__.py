@@ -3,9 +3,11 @@
 `LLM(..., tensor_parallel_size=2)` spawns the workers on this machine; under torchrun, rank 0
 runs the LLM and every other rank calls `run_worker()` (`nano-infer serve` does both).
 """
+from .driver import driver_shard, start_workers
 from .executor import TPExecutor
 from .launch import torchrun_launch
 from .shard import TPShard, check_tp_sizes
 from .worker import WorkerConfig, run_worker
 
-__all__ = ["TPExecutor", "TPShard", "WorkerConfig", "check_tp_sizes", "run_worker", "torchrun_launch"]
+__all__ = ["TPExecutor", "TPShard", "WorkerConfig", "check_tp_sizes", "driver_shard", "run_worker", "start_workers",
+           "torchrun_launch"]

@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..utils import cdiv
+
 
 def check_tp_sizes(config, world_size: int) -> None:
     """ValueError naming the constraint when the model cannot be cut into `world_size` equal shards."""
@@ -71,7 +73,7 @@ class TPShard:
 
     def vocab_rows(self, config) -> int:
         """Rows of the embedding and LM head on every rank: ceil(vocab / world_size), padding included."""
-        return -(-config.vocab_size // self.world_size)
+        return cdiv(config.vocab_size, self.world_size)
 
     def vocab(self, config) -> tuple[int, int]:
         """(first, stop) of the real vocabulary rows this rank holds (fewer than vocab_rows on the last rank

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 from ..kv.block_manager import BlockManager
 from ..sequence import Sequence
 from ..sampling_params import SamplingParams
+from ..utils import cdiv
 from .core import Mismatch, call, exercise, expect, forall
 
 
@@ -73,7 +74,7 @@ class _Simulation:
         free = NUM_BLOCKS - len(self.blocks_in_use())
         if kind == "new" or not live:
             n = 1 + arg % (3 * self.bs)
-            if -(-n // self.bs) > free:
+            if cdiv(n, self.bs) > free:
                 return
             sid, self.next_id = self.next_id, self.next_id + 1
             self.history.append(f"allocate({sid}, {n})")
@@ -112,7 +113,7 @@ class _Simulation:
                why="block_tables should have one entry per live sequence:")
         for sid, tokens in self.tokens.items():
             table = tables[sid]
-            expect(len(table) == -(-len(tokens) // self.bs), self.where(), -(-len(tokens) // self.bs), len(table),
+            expect(len(table) == cdiv(len(tokens), self.bs), self.where(), cdiv(len(tokens), self.bs), len(table),
                    why=f"sequence {sid} has {len(tokens)} tokens; number of blocks in its table:")
             read = [self.pool.get(table[i // self.bs], [None] * self.bs)[i % self.bs] for i in range(len(tokens))]
             if read != tokens:

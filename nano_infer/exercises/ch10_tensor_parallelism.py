@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from ..utils import cdiv
 from .core import call, exercise, expect, forall
 
 
@@ -71,7 +72,7 @@ def vocab_parallel_embedding(candidate):
         vocab, world_size, ids, seed = case
         hidden = 3
         table = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed))
-        rows = -(-vocab // world_size)
+        rows = cdiv(vocab, world_size)
         padded = torch.cat([table, table.new_zeros(rows * world_size - vocab, hidden)])
         total = torch.zeros(len(ids), hidden)
         for rank in range(world_size):

@@ -1,20 +1,22 @@
 """Fixed-size KV blocks: a free list, reference counts and one block table per sequence.
 
-Reference counts count block tables only. A block with no references is either on the
-free list or, if a prefix cache holds it, kept filled until the cache evicts it.
+Reference counts count holders: block tables, and the prefix cache for each block it
+keeps. A block with no references is on the free list.
 
 A block holds `block_size` consecutive tokens of one sequence. A sequence's block table
 lists its blocks in order, so token i lives at slot `block_table[i // block_size] *
 block_size + i % block_size`. Blocks are shared by reference counting: a forked child
 (`SamplingParams(n>1)`) or a prefix-cache hit points at the same block, and writing
-into a shared block copies it first (copy-on-write). A prefix cache holds references of
-its own; when the free list runs dry the manager asks it to evict.
+into a shared block copies it first (copy-on-write). A prefix cache holds a reference of
+its own on every block it keeps, so "shared" is simply a reference count above one; the
+`KVManager` above both decides when the cache gives blocks back.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..sequence import Sequence
+from ..utils import cdiv
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -25,7 +27,7 @@ class NoFreeBlocksError(RuntimeError):
 class BlockEvent:
     """One line of the optional allocation log: who took or released which block, and what is left."""
 
-    op: str  # "alloc" | "free" | "share" | "cow" | "evict"
+    op: str  # "alloc" | "free" | "share" | "cow"
     seq_id: int | None
     block_id: int
     ref_count: int
@@ -42,9 +44,7 @@ class BlockManager:
         # Used as a stack: the block freed last is taken first, while its memory is resident and
         # likely in cache; a queue would cycle through the whole pool, every block cold when its turn came.
         self.free_blocks: list[int] = list(reversed(range(num_blocks)))
-        self.prefix_cache = None  # set by the engine when prefix caching is on
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block copies the runner must do
-        self.num_evicted_blocks = 0  # cached blocks the prefix cache gave back to make room, ever
         self.log: list[BlockEvent] | None = [] if log else None
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -57,15 +57,7 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free_blocks)
 
-    @property
-    def num_available_blocks(self) -> int:
-        """Free now, plus blocks only the prefix cache holds (it gives them up on demand)."""
-        evictable = self.prefix_cache.num_evictable_blocks() if self.prefix_cache else 0
-        return len(self.free_blocks) + evictable
-
     def incref(self, block: int, seq: Sequence | None = None) -> None:
-        if self.ref_count[block] == 0 and self.prefix_cache is not None:
-            self.prefix_cache.on_referenced(block)  # a cache hit revives an idle cached block
         self.ref_count[block] += 1
         self._record("share", seq, block)
 
@@ -73,23 +65,10 @@ class BlockManager:
         assert self.ref_count[block] > 0, f"block {block} freed twice"
         self.ref_count[block] -= 1
         if self.ref_count[block] == 0:
-            # A block the prefix cache holds stays filled, ready for the next hit, until evicted.
-            if self.prefix_cache is not None and self.prefix_cache.holds(block):
-                self.prefix_cache.on_unreferenced(block)
-            else:
-                self.free_blocks.append(block)
+            self.free_blocks.append(block)
         self._record("free", seq, block)
 
-    def release_cached(self, block: int) -> None:
-        """The prefix cache evicted an idle block: it goes back to the free list."""
-        assert self.ref_count[block] == 0, f"evicting block {block} still in use"
-        self.free_blocks.append(block)
-        self.num_evicted_blocks += 1
-        self._record("evict", None, block)
-
     def _take_block(self, seq: Sequence) -> int:
-        if not self.free_blocks and self.prefix_cache is not None:
-            self.prefix_cache.evict(1)
         if not self.free_blocks:
             raise NoFreeBlocksError("KV pool exhausted")
         block = self.free_blocks.pop()
@@ -100,20 +79,17 @@ class BlockManager:
     # -- what the scheduler calls ------------------------------------------------------------
     def num_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """New blocks to hold `num_new_tokens` more K/V entries, counting a copy-on-write if needed."""
-        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        total = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size)
         needed = max(0, total - len(seq.block_table))
         return needed + (1 if self._write_block_is_shared(seq) else 0)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.num_blocks_needed(seq, num_new_tokens) <= self.num_available_blocks
+        return self.num_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
 
     def _write_block_is_shared(self, seq: Sequence) -> bool:
         """Is the block the next token writes into read by someone else (a fork, or the prefix cache)?"""
         i = seq.num_computed_tokens // self.block_size
-        if i >= len(seq.block_table):
-            return False
-        block = seq.block_table[i]
-        return self.ref_count[block] > 1 or (self.prefix_cache is not None and self.prefix_cache.holds(block))
+        return i < len(seq.block_table) and self.ref_count[seq.block_table[i]] > 1
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Make room for the next `num_new_tokens` K/V entries of `seq` (the append_slot of vLLM v0)."""
@@ -125,7 +101,7 @@ class BlockManager:
             seq.block_table[i] = dst
             self.decref(src, seq)
             self._record("cow", seq, dst)
-        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        total = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size)
         while len(seq.block_table) < total:
             seq.block_table.append(self._take_block(seq))
 
@@ -141,7 +117,7 @@ class BlockManager:
         The blocks dropped were allocated for proposals this step; no prefix cache holds them,
         because the cache only takes full blocks of computed (accepted) tokens.
         """
-        keep = -(-num_tokens // self.block_size)
+        keep = cdiv(num_tokens, self.block_size)
         while len(seq.block_table) > keep:
             self.decref(seq.block_table.pop(), seq)
 
@@ -152,4 +128,10 @@ class BlockManager:
             self.incref(block, child)
 
     def slot(self, seq: Sequence, position: int) -> int:
-        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+        return slot_mapping(seq.block_table, position, position + 1, self.block_size)[0]
+
+
+def slot_mapping(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """Where positions [start, end) of a sequence live in the pool: the one slot formula,
+    read by `BlockManager.slot` and by the model runner when it packs a step."""
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]

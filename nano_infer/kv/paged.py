@@ -37,10 +37,6 @@ class KVPool:
             self.tensor = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     @property
-    def bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
-
-    @property
     def nbytes(self) -> int:
         return self.tensor.numel() * self.tensor.element_size()
 

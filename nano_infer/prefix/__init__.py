@@ -7,14 +7,11 @@ from .base import PrefixCache, PrefixCacheStats
 from .hash_cache import HashPrefixCache
 from .radix import RadixPrefixCache
 
+PREFIX_CACHES = {"hash": HashPrefixCache, "radix": RadixPrefixCache}
 
-def make_prefix_cache(kind: str | None, block_manager):
-    if kind is None:
-        return None
-    caches = {"hash": HashPrefixCache, "radix": RadixPrefixCache}
-    if kind not in caches:
-        raise ValueError(f"prefix_cache={kind!r} is invalid: use 'hash', 'radix' or None")
-    return caches[kind](block_manager)
+
+def make_prefix_cache(kind: str | None, block_size: int) -> PrefixCache | None:
+    return None if kind is None else PREFIX_CACHES[kind](block_size)
 
 
 __all__ = ["HashPrefixCache", "PrefixCache", "PrefixCacheStats", "RadixPrefixCache", "make_prefix_cache"]

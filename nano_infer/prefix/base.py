@@ -1,8 +1,12 @@
-"""What every prefix cache does for the scheduler, whatever its data structure.
+"""What every prefix cache does, whatever its data structure.
 
 Granularity is the block: only full blocks are shared, because a block is the unit the
 attention reads through a block table. A hit of k blocks means the request starts with
 `num_computed_tokens = k * block_size` and prefills only the rest.
+
+A cache never touches the BlockManager. It answers what it holds, which blocks it takes
+(`cache_computed`) and which it gives back (`evict`); the `KVManager` above both takes and
+drops the cache's one reference on each of those blocks. Calls go one way: manager -> cache.
 """
 from __future__ import annotations
 
@@ -23,13 +27,11 @@ class PrefixCacheStats:
 
 
 class PrefixCache:
-    """Subclasses implement match/cache_computed/evict and the block-ownership hooks."""
+    """Subclasses implement match / cache_computed / evict and say which blocks they hold."""
 
-    def __init__(self, block_manager):
-        self.block_manager = block_manager
-        self.block_size = block_manager.block_size
+    def __init__(self, block_size: int):
+        self.block_size = block_size
         self.stats = PrefixCacheStats()
-        block_manager.prefix_cache = self
 
     # -- implemented by each cache -----------------------------------------------------------
     def match(self, token_ids: list[int]) -> list[int]:
@@ -39,61 +41,51 @@ class PrefixCache:
         """
         raise NotImplementedError
 
-    def cache_computed(self, seq: Sequence) -> None:
-        """Offer the sequence's full, computed blocks to the cache (called after every step)."""
+    def cache_computed(self, seq: Sequence) -> list[int]:
+        """Offer the sequence's full, computed blocks (after every step). Returns the blocks the
+        cache newly holds: the caller takes the cache's reference on each."""
         raise NotImplementedError
+
+    def lock(self, seq: Sequence, blocks: list[int]) -> None:
+        """The sequence starts on its matched prefix `blocks`. The radix tree locks that path; the
+        hash cache needs nothing (the sequence's references protect the blocks)."""
 
     def release(self, seq: Sequence) -> None:
         """The sequence stops using its cached prefix (finished or preempted)."""
+        seq.prefix_handle = None
+
+    def fork(self, parent: Sequence, child: Sequence) -> list[int]:
+        """A forked child shares the parent's cached prefix.
+
+        The parent's freshly computed blocks are cached first, so the child holds the same,
+        up-to-date prefix and keeps it even if the parent finishes at once. Returns the blocks
+        newly cached, as `cache_computed` does.
+        """
+        new = self.cache_computed(parent)
+        child.prefix_handle = list(parent.prefix_handle or [])
+        return new
 
     def holds(self, block: int) -> bool:
         raise NotImplementedError
 
     def on_referenced(self, block: int) -> None:
-        """An idle cached block got a reference: it may no longer be evicted."""
+        """An idle cached block got a sequence's reference: it may no longer be evicted."""
 
     def on_unreferenced(self, block: int) -> None:
-        """A cached block lost its last reference: it may be evicted from now on."""
+        """A cached block lost its last sequence's reference: it may be evicted from now on."""
 
     def num_evictable_blocks(self) -> int:
         raise NotImplementedError
 
-    def evict(self, num_blocks: int) -> int:
-        """Free at least `num_blocks` idle cached blocks if possible; returns how many were freed."""
+    def evict(self, num_blocks: int) -> list[int]:
+        """Give back up to `num_blocks` idle cached blocks; returns them (the caller drops the
+        cache's reference on each, which frees them)."""
         raise NotImplementedError
 
     def num_cached_blocks(self) -> int:
         raise NotImplementedError
 
     # -- shared --------------------------------------------------------------------------------
-    def acquire(self, seq: Sequence) -> int:
-        """Admit a fresh sequence onto its cached prefix: share the blocks, skip their prefill.
-
-        If the whole sequence is cached, the last token is still computed (its logits give
-        the first output token); writing its K/V into the shared last block triggers a
-        copy-on-write of that one block.
-        """
-        assert not seq.block_table and seq.num_computed_tokens == 0
-        blocks = self.match(seq.token_ids)
-        for block in blocks:
-            self.block_manager.incref(block, seq)
-        seq.block_table = list(blocks)
-        seq.num_computed_tokens = min(len(blocks) * self.block_size, len(seq) - 1)
-        self._lock(seq, blocks)
-        return len(blocks) * self.block_size
-
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """A forked child shares the parent's cached prefix.
-
-        The parent's freshly computed blocks are cached first, so the child holds the same,
-        up-to-date prefix and keeps it even if the parent finishes at once.
-        """
-        self.cache_computed(parent)
-        child.block_hashes = list(parent.block_hashes)
-
-    def _lock(self, seq: Sequence, blocks: list[int]) -> None:
-        """Radix tree: lock the matched path. The hash cache needs nothing: references protect blocks."""
-
     def record_admission(self, seq: Sequence) -> None:
         """Count a request's prompt once: re-admission after preemption is recompute, not a new query."""
         if seq.num_preemptions:
@@ -102,7 +94,3 @@ class PrefixCache:
         self.stats.query_tokens += seq.num_prompt_tokens
         seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
         self.stats.hit_tokens += seq.num_cached_tokens
-
-    def clear(self) -> int:
-        """Evict everything idle; returns the number of blocks freed."""
-        return self.evict(self.num_evictable_blocks())

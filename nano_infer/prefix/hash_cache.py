@@ -23,8 +23,8 @@ def chain_hash(parent_hash: int, tokens: tuple[int, ...]) -> int:
 
 
 class HashPrefixCache(PrefixCache):
-    def __init__(self, block_manager):
-        super().__init__(block_manager)
+    def __init__(self, block_size: int):
+        super().__init__(block_size)
         self.hash_to_block: dict[int, int] = {}
         self.block_key: dict[int, tuple[int, int, tuple[int, ...]]] = {}  # block -> (hash, parent hash, tokens)
         self.idle: OrderedDict[int, None] = OrderedDict()  # evictable blocks, least recently used first
@@ -44,22 +44,24 @@ class HashPrefixCache(PrefixCache):
                 self.idle.move_to_end(block)
         return blocks
 
-    def cache_computed(self, seq: Sequence) -> None:
-        bs = self.block_size
+    def cache_computed(self, seq: Sequence) -> list[int]:
+        """Hash each newly full block after the last one hashed (the sequence's handle keeps its
+        chain of hashes); a block is cached unless its prefix already is, under another block."""
+        bs, new = self.block_size, []
         num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
-        while len(seq.block_hashes) < num_full:
-            i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+        hashes = seq.prefix_handle = seq.prefix_handle or []
+        while len(hashes) < num_full:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else ROOT_HASH
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(parent, tokens)
-            seq.block_hashes.append(h)
+            hashes.append(h)
             block = seq.block_table[i]
             if h not in self.hash_to_block and block not in self.block_key:
                 self.hash_to_block[h] = block
                 self.block_key[block] = (h, parent, tokens)
-
-    def release(self, seq: Sequence) -> None:
-        seq.block_hashes = []
+                new.append(block)
+        return new
 
     def holds(self, block: int) -> bool:
         return block in self.block_key
@@ -76,12 +78,11 @@ class HashPrefixCache(PrefixCache):
     def num_cached_blocks(self) -> int:
         return len(self.block_key)
 
-    def evict(self, num_blocks: int) -> int:
-        freed = 0
-        while freed < num_blocks and self.idle:
+    def evict(self, num_blocks: int) -> list[int]:
+        freed = []
+        while len(freed) < num_blocks and self.idle:
             block, _ = self.idle.popitem(last=False)
             h = self.block_key.pop(block)[0]
             del self.hash_to_block[h]
-            self.block_manager.release_cached(block)
-            freed += 1
+            freed.append(block)
         return freed

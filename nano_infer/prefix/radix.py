@@ -35,8 +35,8 @@ class RadixNode:
 
 
 class RadixPrefixCache(PrefixCache):
-    def __init__(self, block_manager):
-        super().__init__(block_manager)
+    def __init__(self, block_size: int):
+        super().__init__(block_size)
         self.root = RadixNode((), [], None)
         self.tree_blocks: set[int] = set()
         self.evictable_blocks = 0  # blocks in nodes with lock_ref == 0
@@ -87,47 +87,51 @@ class RadixPrefixCache(PrefixCache):
     def match(self, token_ids: list[int]) -> list[int]:
         return self._walk(token_ids, split=False)[1]
 
-    def _lock(self, seq: Sequence, blocks: list[int]) -> None:
+    def lock(self, seq: Sequence, blocks: list[int]) -> None:
         node, _ = self._walk(seq.token_ids[: len(blocks) * self.block_size], split=True)
         self._set_lock(node, +1)
-        seq.prefix_node = node
+        seq.prefix_handle = node
 
-    def insert(self, tokens: list[int], blocks: list[int]) -> RadixNode:
-        """Add a block-aligned prefix; parts already in the tree keep the tree's blocks."""
+    def insert(self, tokens: list[int], blocks: list[int]) -> tuple[RadixNode, list[int]]:
+        """Add a block-aligned prefix; parts already in the tree keep the tree's blocks.
+        Returns the node that ends it and the blocks the tree newly holds."""
         bs = self.block_size
         assert len(tokens) == len(blocks) * bs
-        node, matched = self._walk(tokens, split=True)
+        node, _ = self._walk(tokens, split=True)
         pos = node.depth
-        if pos < len(tokens):
+        if pos == len(tokens):
+            return node, []
             leaf = RadixNode(tuple(tokens[pos:]), list(blocks[pos // bs :]), node,
                              last_access=next(self._clock), depth=len(tokens))
             node.children[leaf.tokens[:bs]] = leaf
             self.tree_blocks.update(leaf.blocks)
-            self.evictable_blocks += len(leaf.blocks)
-            node = leaf
-        return node
+        self.evictable_blocks += len(leaf.blocks)
+        return leaf, leaf.blocks
 
-    def cache_computed(self, seq: Sequence) -> None:
+    def cache_computed(self, seq: Sequence) -> list[int]:
+        """Insert the sequence's full computed blocks and move its lock down to the new end."""
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
-        held = seq.prefix_node.depth if seq.prefix_node else 0
+        held = seq.prefix_handle.depth if seq.prefix_handle else 0
         if num_full * self.block_size <= held:
-            return
-        node = self.insert(seq.token_ids[: num_full * self.block_size], seq.block_table[:num_full])
+            return []
+        node, new = self.insert(seq.token_ids[: num_full * self.block_size], seq.block_table[:num_full])
         self._set_lock(node, +1)  # lock the new path before unlocking the old one (they overlap)
-        if seq.prefix_node is not None:
-            self._set_lock(seq.prefix_node, -1)
-        seq.prefix_node = node
+        if seq.prefix_handle is not None:
+            self._set_lock(seq.prefix_handle, -1)
+        seq.prefix_handle = node
+        return list(new)
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        self.cache_computed(parent)
-        if parent.prefix_node is not None:
-            self._set_lock(parent.prefix_node, +1)
-            child.prefix_node = parent.prefix_node
+    def fork(self, parent: Sequence, child: Sequence) -> list[int]:
+        new = self.cache_computed(parent)
+        if parent.prefix_handle is not None:
+            self._set_lock(parent.prefix_handle, +1)
+            child.prefix_handle = parent.prefix_handle
+        return new
 
     def release(self, seq: Sequence) -> None:
-        if seq.prefix_node is not None:
-            self._set_lock(seq.prefix_node, -1)
-            seq.prefix_node = None
+        if seq.prefix_handle is not None:
+            self._set_lock(seq.prefix_handle, -1)
+            seq.prefix_handle = None
 
     def _set_lock(self, node: RadixNode, delta: int) -> None:
         while node is not self.root:
@@ -156,19 +160,18 @@ class RadixPrefixCache(PrefixCache):
             yield node
             stack.extend(node.children.values())
 
-    def evict(self, num_blocks: int) -> int:
+    def evict(self, num_blocks: int) -> list[int]:
         leaves = [(n.last_access, id(n), n) for n in self.nodes() if not n.children and n.lock_ref == 0]
         heapq.heapify(leaves)
-        freed = 0
-        while freed < num_blocks and leaves:
+        freed = []
+        while len(freed) < num_blocks and leaves:
             _, _, leaf = heapq.heappop(leaves)
-            # Free from the end of the edge, only as many blocks as asked: the rest of the
+            # Give back from the end of the edge, only as many blocks as asked: the rest of the
             # leaf is still a valid (shorter) prefix and stays cached.
-            take = min(len(leaf.blocks), num_blocks - freed)
+            take = min(len(leaf.blocks), num_blocks - len(freed))
             for block in leaf.blocks[len(leaf.blocks) - take :]:
                 self.tree_blocks.discard(block)
-                self.block_manager.release_cached(block)
-            freed += take
+                freed.append(block)
             self.evictable_blocks -= take
             if take < len(leaf.blocks):
                 leaf.blocks = leaf.blocks[: len(leaf.blocks) - take]

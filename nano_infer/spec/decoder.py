@@ -1,22 +1,26 @@
-"""The engine's side of speculative decoding: how many tokens to reserve, propose, verify, roll back.
+"""The speculative decoder: an engine plug-in that proposes, verifies and rolls back.
 
 One step for a decoding sequence:
-1. the scheduler reserves 1 + k tokens (its last token and k proposals) in the token budget
-   and the KV pool (`lookahead`);
-2. `propose` fills `seq.spec_token_ids`, cuts what a constraint forbids and gives back the
-   slots it did not use;
+1. the scheduler reserves k proposal slots past its last token in the token budget and the KV
+   pool (`lookahead`, the entry's `num_lookahead`);
+2. `adjust` (before the forward pass) fills the entry's `spec_token_ids`, cuts what a
+   constraint forbids and gives back the slots it did not use;
 3. the runner computes all 1 + k positions in one pass and returns a logit row for each;
-4. `accept` keeps the longest accepted prefix plus one corrected or bonus token; the engine
-   appends them and calls `rollback`, which frees the blocks that only rejected tokens used.
+4. `process` (this plug-in claims every entry with proposals) keeps the longest accepted
+   prefix plus one corrected or bonus token, appends them, and rolls back the blocks that only
+   rejected tokens used.
 Nothing of a rejected token reaches the prefix cache: caching reads `num_computed_tokens`,
-which only ever counts accepted tokens once the step is over.
+which only ever counts accepted tokens once the step is over. The decoder owns its draft
+model, if any; the runner keeps the draft's KV filled without knowing what it is.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
+from ..plugin import EnginePlugin
 from ..sampling import greedy_tokens
 from .config import SpeculativeConfig
 from .ngram import propose_ngram
@@ -40,10 +44,10 @@ class SpecStats:
         return self.num_emitted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
-class SpeculativeDecoder:
-    def __init__(self, config: SpeculativeConfig, kv, draft=None, max_model_len: int = 0):
+class SpeculativeDecoder(EnginePlugin):
+    def __init__(self, config: SpeculativeConfig, kv, max_model_len: int, draft=None):
         self.config = config
-        self.kv = kv
+        self.kv = kv  # the KVManager: proposal slots are allocated and rolled back there
         self.draft = draft  # DraftProposer, or None for n-gram lookup
         self.max_model_len = max_model_len
         self.stats = SpecStats()
@@ -59,47 +63,65 @@ class SpeculativeDecoder:
             room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
         return max(0, min(k, room))
 
-    def propose(self, runner, scheduled: list[tuple]) -> list[tuple]:
-        """Proposals for every sequence the scheduler gave lookahead slots; returns `scheduled`
-        with each count shrunk to 1 + the proposals kept, and the unused blocks given back."""
-        for seq, _ in scheduled:  # a step that failed half-way may have left proposals behind
-            self.clear(seq)
-        reserved = [(seq, n - 1) for seq, n in scheduled if n > 1 and seq.num_uncomputed_tokens == 1]
+    # -- before the forward pass ---------------------------------------------------------------
+    def adjust(self, batch, runner) -> None:
+        """Proposals for every entry the scheduler gave lookahead slots; each then computes 1 +
+        the proposals kept, and the blocks of unused slots go back."""
+        reserved = [e for e in batch.scheduled if e.num_lookahead]
         if not reserved:
-            return scheduled
-        cfg = self.config
+            return
         if self.draft is not None:
+            runner.copy_blocks(batch.copies)  # before the draft writes into the copies
+            batch.copies = []
             self.draft.propose(runner, reserved)
         else:
-            for seq, k in reserved:
-                seq.spec_token_ids = propose_ngram(seq.token_ids, k, cfg.prompt_lookup_max, cfg.prompt_lookup_min)
-        for seq, _ in reserved:
-            if seq.constraint is not None:
-                self._cut_forbidden(seq)
-        out = []
-        for seq, n in scheduled:
-            if n > 1 and seq.num_uncomputed_tokens == 1:
-                n = 1 + len(seq.spec_token_ids)
-                self.rollback(seq, seq.num_computed_tokens + n)
-            out.append((seq, n))
-        return out
+            cfg = self.config
+            for e in reserved:
+                e.spec_token_ids = propose_ngram(e.seq.token_ids, e.num_lookahead, cfg.prompt_lookup_max,
+                                                 cfg.prompt_lookup_min)
+        for e in reserved:
+            if e.seq.constraint is not None:
+                self._cut_forbidden(e)
+            e.num_tokens, e.num_lookahead = 1 + len(e.spec_token_ids), 0
+            self.kv.truncate(e.seq, e.end)
 
     @staticmethod
-    def _cut_forbidden(seq) -> None:
+    def _cut_forbidden(entry) -> None:
         """Keep proposals up to the first one the constraint would not allow."""
-        c = seq.constraint.fork()
-        for j, token in enumerate(seq.spec_token_ids):
+        c = entry.seq.constraint.fork()
+        for j, token in enumerate(entry.spec_token_ids):
             if c.index.next_state(c.state, token) < 0:
-                del seq.spec_token_ids[j:]
-                del seq.spec_draft_probs[j:]
+                del entry.spec_token_ids[j:]
+                del entry.spec_draft_probs[j:]
                 return
             c.advance(token)
 
+    # -- after it ------------------------------------------------------------------------------
+    def claims(self, entry) -> bool:
+        return bool(entry.spec_token_ids)
+
+    def process(self, claimed: list, logits: torch.Tensor, outputs) -> None:
+        now = time.perf_counter()
+        for entry, row in claimed:
+            outputs.isolated(entry.seq, self._append_verified, entry, logits[row : row + 1 + len(entry.spec_token_ids)],
+                             outputs, now)
+
+    def _append_verified(self, entry, logits: torch.Tensor, outputs, now: float) -> None:
+        """Append what verification accepted, one token at a time (each may finish the request),
+        then give back the KV slots of the rejected proposals."""
+        seq = entry.seq
+        for token in self.accept(entry, logits):
+            seq.num_computed_tokens = len(seq)  # K/V of every token so far is computed and accepted
+            outputs.append_token(seq, token, now)
+            if seq.is_finished:
+                return
+        self.kv.truncate(seq, seq.num_computed_tokens)
+
     @torch.inference_mode()
-    def accept(self, seq, logits: torch.Tensor) -> list[int]:
+    def accept(self, entry, logits: torch.Tensor) -> list[int]:
         """logits [1 + k, V]: the target after the last token and after each proposal. Returns the
         tokens to append: accepted proposals, then one corrected or bonus token."""
-        proposal = seq.spec_token_ids
+        seq, proposal = entry.seq, entry.spec_token_ids
         if seq.constraint is not None:
             c = seq.constraint.fork()
             for j, token in enumerate([None] + proposal):
@@ -109,7 +131,7 @@ class SpeculativeDecoder:
         if seq.params.greedy:
             tokens = accept_greedy(greedy_tokens(logits).tolist(), proposal)
         else:
-            q = torch.stack(seq.spec_draft_probs) if seq.spec_draft_probs else None
+            q = torch.stack(entry.spec_draft_probs) if entry.spec_draft_probs else None
             tokens = accept_sampled(target_probs(logits, seq.params), proposal, q, seq.generator)
         s = self.stats
         s.num_drafts += 1
@@ -119,12 +141,3 @@ class SpeculativeDecoder:
         if s.log is not None:
             s.log.append((seq.request_id, seq.index, len(seq), list(proposal), list(tokens)))
         return tokens
-
-    def rollback(self, seq, num_tokens: int) -> None:
-        """Keep K/V slots for the first `num_tokens` positions only: blocks past them go back."""
-        self.kv.truncate(seq, num_tokens)
-
-    @staticmethod
-    def clear(seq) -> None:
-        seq.spec_token_ids = []
-        seq.spec_draft_probs = []

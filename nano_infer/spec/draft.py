@@ -3,17 +3,18 @@
 Its KV pool is indexed by the SAME block tables as the target's (same block ids and slots,
 its own layers and heads), so allocation, forks, copy-on-write, prefix-cache sharing and
 rollback of rejected tokens apply to both caches at once, with no bookkeeping of its own.
-To keep its cache filled wherever the target's is, the draft runs every packed step the
-target runs (`mirror`), then k single-token passes per verifying sequence (`propose`).
+To keep its cache filled wherever the target's is, the runner runs the draft on every packed
+step the target runs (`ModelRunner.mirror`), then the draft makes k single-token passes per
+verifying sequence (`propose`).
 """
 from __future__ import annotations
 
 import torch
 
-from ..attention import AttentionBackend
 from ..kv import KVPool
 from ..models.loader import load_config, load_model, resolve_model_dir
 from ..sampling import greedy_tokens
+from ..scheduler import ScheduledSeq
 from .rejection import target_probs
 
 
@@ -41,34 +42,30 @@ class DraftProposer:
         self.kv_pool = None
         self.backend = None
 
-    def make_pool(self, num_blocks: int, block_size: int, attention: str, device, dtype) -> None:
-        """The draft's pool: as many blocks as the target's, so any block id is valid in both."""
+    def attach(self, runner, num_blocks: int, block_size: int, attention: str, device, dtype) -> None:
+        """The draft's pool (as many blocks as the target's, so any block id is valid in both),
+        kept filled by the runner on every step."""
         self.kv_pool = KVPool(self.config.num_hidden_layers, num_blocks, block_size,
                               self.model.num_kv_heads, self.model.head_dim, dtype, device)
-        self.backend = AttentionBackend(attention, self.kv_pool.tensor)
+        self.backend = runner.mirror(self.model, self.kv_pool, attention)
 
     @torch.inference_mode()
-    def mirror(self, ids, pos, meta) -> None:
-        """Run the target's packed step through the draft: writes the draft's K/V at the same slots."""
-        self.backend.meta = meta
-        self.model(ids, pos, self.backend)
-
-    @torch.inference_mode()
-    def propose(self, runner, seqs_k: list[tuple]) -> None:
-        """Fill `seq.spec_token_ids` with k draft tokens for each (seq, k): pass j feeds the token
-        at position num_computed + j (the last known token, then each proposal in turn). A greedy
+    def propose(self, runner, entries: list[ScheduledSeq]) -> None:
+        """Fill each entry's `spec_token_ids` with `num_lookahead` draft tokens: pass j feeds the
+        token at position start + j (the last known token, then each proposal in turn). A greedy
         request takes the draft's argmax; a sampled one draws from the draft's distribution
-        (processed like the target's) and keeps it in `seq.spec_draft_probs` for verification."""
-        for j in range(max((k for _, k in seqs_k), default=0)):
-            active = [seq for seq, k in seqs_k if k > j]
-            ids, pos, meta, rows = runner.prepare([(seq, 1) for seq in active], offset=j)
+        (processed like the target's) and keeps it in `spec_draft_probs` for verification."""
+        for j in range(max((e.num_lookahead for e in entries), default=0)):
+            active = [e for e in entries if e.num_lookahead > j]
+            passes = [ScheduledSeq(e.seq, e.start + j, 1, spec_token_ids=e.spec_token_ids) for e in active]
+            ids, pos, meta, rows = runner.prepare(passes)
             self.backend.meta = meta
             logits = self.model.compute_logits(self.model(ids, pos, self.backend)[rows]).float()
             greedy = greedy_tokens(logits).tolist()
-            for i, seq in enumerate(active):
-                if seq.params.greedy:
-                    seq.spec_token_ids.append(greedy[i])
+            for i, e in enumerate(active):
+                if e.seq.params.greedy:
+                    e.spec_token_ids.append(greedy[i])
                     continue
-                q = target_probs(logits[i : i + 1], seq.params)[0]
-                seq.spec_token_ids.append(int(torch.multinomial(q, 1, generator=seq.generator)))
-                seq.spec_draft_probs.append(q)
+                q = target_probs(logits[i : i + 1], e.seq.params)[0]
+                e.spec_token_ids.append(int(torch.multinomial(q, 1, generator=e.seq.generator)))
+                e.spec_draft_probs.append(q)

@@ -1,0 +1,63 @@
+"""The engine options that `generate` and `serve` share, and the LLMEngine keyword arguments they become.
+
+A module of their own, so that cli.py (generate) and cli_serve.py (serve) both import them and
+neither imports the other. Defaults and choices come from EngineConfig and nano_infer.config's
+tuples: the command line cannot drift from the Python API.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+
+from .config import ATTENTIONS, KV_CACHES, PREFIX_CACHES, EngineConfig
+
+_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
+
+# EngineConfig field -> add_argument keywords besides the default; --help lists them in this order.
+# `model` is LLMEngine's first argument, the rest its keyword arguments.
+_OPTIONS = {
+    "model": dict(help="hub id, local folder or .gguf file (default: NANO_INFER_MODEL, "
+                       "Qwen2.5-1.5B-Instruct on CUDA, else the model shipped in the package)"),
+    "dtype": dict(help="auto | float32 | bfloat16 | float16"),
+    "device": dict(help="cpu | cuda (default: cuda if available)"),
+    "kv_cache": dict(choices=KV_CACHES, help="where K/V lives"),
+    "block_size": dict(type=int, help="tokens per KV block"),
+    "prefix_cache": dict(help="prefix reuse (auto: radix when paged)"),
+    "attention": dict(choices=ATTENTIONS, help="how attention reads the paged pool"),
+    "max_model_len": dict(type=int, help="longest sequence (default: the model's)"),
+    "max_num_seqs": dict(type=int, help="most sequences in one step"),
+    "tensor_parallel_size": dict(type=int, help="ranks that each hold a shard of the model (worker processes here, "
+                                                "or torchrun's ranks)"),
+    "speculative_config": dict(help="JSON, as vLLM's: "
+                                    '\'{"method": "ngram", "num_speculative_tokens": 4}\' or '
+                                    '\'{"method": "draft_model", "model": "<dir or hub id>", "num_speculative_tokens": 3}\''),
+}
+
+
+def _prefix_cache_flag(value: str | None) -> str:
+    """prefix_cache=None (no reuse) is spelled "none" on the command line."""
+    return "none" if value is None else value
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    for name, kwargs in _OPTIONS.items():
+        default = _DEFAULTS[name]
+        if name == "prefix_cache":
+            default = _prefix_cache_flag(default)
+            kwargs = dict(kwargs, choices=[_prefix_cache_flag(c) for c in PREFIX_CACHES])
+        p.add_argument("--" + name.replace("_", "-"), default=default, **kwargs)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """LLMEngine's keyword arguments (all but `model`) from parsed engine options."""
+    kwargs = {name: getattr(args, name) for name in _OPTIONS if name != "model"}
+    if kwargs["prefix_cache"] == "none":
+        kwargs["prefix_cache"] = None
+    spec, kwargs["speculative_config"] = kwargs["speculative_config"], None
+    if spec:
+        try:
+            kwargs["speculative_config"] = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
+    return kwargs

@@ -1,0 +1,114 @@
+"""EngineConfig: every engine knob, checked alone and in combination before anything loads.
+
+A bad setting costs a ValueError that names it and says why, in milliseconds: never after a
+multi-GB checkpoint has been read. `check()` runs in `__post_init__`; `check_model()` needs only
+the model's config.json (the shapes), which is read before the weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from .spec.config import SpeculativeConfig
+
+KV_CACHES = ("none", "contiguous", "paged")
+PREFIX_CACHES = ("auto", None, "hash", "radix")
+ATTENTIONS = ("gather", "blockwise")
+SCHEDULERS = ("continuous", "static")
+POLICIES = ("fcfs", "lpm")
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None
+    gguf_file: str | None = None  # a GGUF file in the `model` folder (or pass the .gguf path as `model`)
+    dtype: str | torch.dtype | None = "auto"
+    device: str | None = None
+    kv_cache: str = "paged"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None  # bytes for the KV pool
+    gpu_memory_utilization: float = 0.85
+    prefix_cache: str | None = "auto"  # "auto": radix when the cache is paged
+    attention: str = "gather"
+    scheduler: str = "continuous"
+    scheduler_policy: str = "fcfs"
+    max_num_seqs: int = 256  # vLLM's default; a CPU decode step gets cheaper per token up to ~64-128 rows
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
+    log_blocks: bool = False
+    record_steps: bool = False
+    tensor_parallel_size: int = 1  # ranks that each hold a shard of every layer (chapter 10)
+    distributed_backend: str | None = None  # default: "nccl" on CUDA, "gloo" on CPU
+    distributed_timeout: float = 300.0  # seconds a step (or start-up) waits for a rank before it fails
+    speculative_config: dict | None = None  # {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}
+    constraint_limits: object = None  # constrained.ConstraintLimits; None: its defaults
+
+    @classmethod
+    def from_kwargs(cls, model: str | None = None, **kwargs) -> EngineConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = set(kwargs) - names
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {sorted(unknown)}; options are {sorted(names)}")
+        return cls(model=model, **kwargs)
+
+    def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        """Each setting, then the combinations; resolves prefix_cache="auto" and parses speculative_config."""
+        _one_of("kv_cache", self.kv_cache, KV_CACHES)
+        _one_of("prefix_cache", self.prefix_cache, PREFIX_CACHES)
+        _one_of("attention", self.attention, ATTENTIONS)
+        _one_of("scheduler", self.scheduler, SCHEDULERS)
+        _one_of("scheduler_policy", self.scheduler_policy, POLICIES)
+        if self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} must be >= 1")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks={self.num_kv_blocks} must be >= 1")
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len={self.max_model_len} must be >= 2 (a prompt token and an output token)")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size!r} must be an integer >= 1")
+        if self.tensor_parallel_size > 1 and not self.distributed_timeout > 0:
+            raise ValueError(f"distributed_timeout={self.distributed_timeout} must be > 0 seconds")
+        if self.prefix_cache == "auto":
+            self.prefix_cache = "radix" if self.kv_cache == "paged" else None
+        if self.prefix_cache is not None and self.kv_cache != "paged":
+            raise ValueError(f"prefix_cache={self.prefix_cache!r} shares KV blocks, so it needs kv_cache='paged' "
+                             f"(got {self.kv_cache!r})")
+        if self.scheduler_policy == "lpm" and self.prefix_cache is None:
+            raise ValueError("scheduler_policy='lpm' orders requests by prefix-cache match: set prefix_cache='hash' or 'radix'")
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if self.speculative_config is not None:
+            if self.tensor_parallel_size > 1:
+                raise ValueError("speculative_config with tensor_parallel_size > 1 is not supported: the draft model "
+                                 "and the verify rows run on the driver only")
+            if self.kv_cache == "none":
+                raise ValueError("speculative_config verifies proposals against cached K/V: it needs kv_cache='paged' "
+                                 "or 'contiguous'")
+
+    def check_model(self, hf_config, gguf_file: str | None) -> int:
+        """The checks that need the model's shapes (config.json, read before the weights); returns max_model_len."""
+        from .distributed import check_tp_sizes
+
+        check_tp_sizes(hf_config, self.tensor_parallel_size)
+        if self.tensor_parallel_size > 1 and gguf_file:
+            raise ValueError("a GGUF checkpoint with tensor_parallel_size > 1 is not supported; use the safetensors one")
+        limit = hf_config.max_position_embeddings
+        max_model_len = self.max_model_len or min(limit, 8192)
+        if max_model_len > limit:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}")
+        return max_model_len
+
+
+def _one_of(name: str, value, choices: tuple) -> None:
+    if value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name}={value!r} is invalid: use one of {listed}")

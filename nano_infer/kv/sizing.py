@@ -1,0 +1,55 @@
+"""How many KV blocks to make, from a byte budget, and the cache objects that hold them.
+
+On a CPU the pool gets vLLM's CPU default of 4 GiB or half the memory still available after
+the weights, whichever is less (and never more than max_num_seqs full-length sequences could
+use); its pages are committed only as blocks fill (`paged.lazy_zeros`). On CUDA it gets
+`gpu_memory_utilization` of the device, less the weights and room for one step's activations.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..prefix import make_prefix_cache
+from ..utils import cdiv
+from .block_manager import BlockManager
+from .contiguous import ContiguousKVCache
+from .manager import KVManager
+from .paged import KVPool, num_blocks_for_budget
+
+CPU_KV_BUDGET = 4 * 1024**3
+CPU_KV_AVAILABLE_FRACTION = 0.5
+
+
+def kv_budget(cfg, device: torch.device, hf_config) -> int:
+    """Bytes the KV pool may take."""
+    if cfg.kv_cache_memory is not None:
+        return int(cfg.kv_cache_memory)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        # leave room for activations: a step of max_num_batched_tokens through the widest layer
+        activations = 8 * cfg.max_num_batched_tokens * max(hf_config.intermediate_size, hf_config.vocab_size) * 4
+        return int(total * cfg.gpu_memory_utilization - torch.cuda.memory_allocated(device) - activations)
+    import psutil
+
+    return min(CPU_KV_BUDGET, int(psutil.virtual_memory().available * CPU_KV_AVAILABLE_FRACTION))
+
+
+def make_kv_cache(cfg, hf_config, model, dtype, device, bytes_per_token: int, max_model_len: int):
+    """(KVManager, KVPool) for `cfg.kv_cache`, or (None, None) for kv_cache="none"."""
+    if cfg.kv_cache == "none":
+        return None, None
+    if cfg.kv_cache == "contiguous":
+        num_seqs = min(cfg.max_num_seqs, kv_budget(cfg, device, hf_config) // (bytes_per_token * max_model_len))
+        if num_seqs < 1:
+            raise ValueError(f"KV budget holds no {max_model_len}-token sequence; lower max_model_len")
+        blocks = ContiguousKVCache(num_seqs, max_model_len)
+    else:
+        num_blocks = cfg.num_kv_blocks
+        if num_blocks is None:
+            num_blocks = num_blocks_for_budget(kv_budget(cfg, device, hf_config), bytes_per_token, cfg.block_size)
+            # never more than every sequence at full length could use
+            num_blocks = min(num_blocks, cfg.max_num_seqs * cdiv(max_model_len, cfg.block_size) + 1)
+        blocks = BlockManager(num_blocks, cfg.block_size, log=cfg.log_blocks)
+    pool = KVPool(hf_config.num_hidden_layers, blocks.num_blocks, blocks.block_size, model.num_kv_heads,
+                  model.head_dim, dtype, device)
+    return KVManager(blocks, make_prefix_cache(cfg.prefix_cache, blocks.block_size)), pool

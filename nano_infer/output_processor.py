@@ -1,0 +1,217 @@
+"""The output side of a step: logit rows in, tokens appended, RequestOutputs out (vLLM's output processor).
+
+After the forward pass every scheduled entry is one of three things: a prefill chunk short of
+the prompt's end (no logits: its K/V is simply computed now), an entry whose rows a plug-in
+claims (a speculative verify), or an entry that samples one token. Sampling is one batched
+draw; a request with n > 1 forks its other samples off the first right here, once its prompt
+is computed, so they all draw from the same logit row. Each token then goes through the same
+path: logprobs, constraint, detokenizer, stop checks. Anything that raises while handling one
+request ends that request alone (`RequestOutput.error`); the step goes on for the others.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .outputs import CompletionOutput, Logprob, RequestOutput
+from .request import Request
+from .sampling import sample
+from .sequence import Sequence, SequenceStatus
+
+
+class OutputProcessor:
+    def __init__(self, requests: dict[str, Request], scheduler, kv, tokenizer, eos_token_ids: set[int],
+                 max_model_len: int, device):
+        self.requests = requests  # the engine's table of live requests, shared
+        self.scheduler = scheduler
+        self.kv = kv
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.device = device
+        self.num_generated_tokens = 0
+        self.touched: dict[str, Request] = {}  # requests that got tokens (or failed) this step
+
+    # -- one step ---------------------------------------------------------------------------------
+    def process(self, batch, logits: torch.Tensor, plugins) -> None:
+        """Hand each entry's logit rows to the plug-in that claims them, sample the rest."""
+        self.touched = {}
+        samplers, rows, claimed, row = [], [], {}, 0
+        for entry in batch.scheduled:
+            owner = next((p for p in plugins if p.claims(entry)), None)
+            if owner is not None:
+                claimed.setdefault(owner, []).append((entry, row))
+            else:
+                if entry.num_logit_rows:
+                    samplers.append(entry.seq)
+                    rows.append(row)
+                entry.seq.num_computed_tokens = entry.end
+            row += entry.num_logit_rows
+        if samplers:
+            self._sample(logits, samplers, rows)
+        for plugin, items in claimed.items():
+            plugin.process(items, logits, self)
+
+    def _sample(self, logits: torch.Tensor, samplers: list[Sequence], rows: list[int]) -> None:
+        for i, seq in enumerate(list(samplers)):
+            if seq.num_pending_forks:
+                children = self.fork(self.requests[seq.request_id], seq)
+                samplers += children
+                rows += [rows[i]] * len(children)
+        sample_logits = logits if rows == list(range(len(logits))) else logits[rows]  # no copy in the usual case
+        tokens = draw(sample_logits, samplers)
+        logprobs = token_logprobs(sample_logits, samplers, tokens)
+        now = time.perf_counter()
+        for i, (seq, token) in enumerate(zip(samplers, tokens)):
+            self.isolated(seq, self._append_sampled, seq, token, logprobs.get(i), now)
+
+    def _append_sampled(self, seq: Sequence, token: int | Exception, logprobs: dict | None, now: float) -> None:
+        if isinstance(token, Exception):
+            raise token
+        if seq.logprobs is not None:
+            seq.logprobs.append(logprobs)
+        self.append_token(seq, token, now)
+
+    def isolated(self, seq: Sequence, fn, *args) -> None:
+        """Run `fn(*args)` for one sequence's rows; if it raises, its request fails alone."""
+        req = self.touched[seq.request_id] = self.requests[seq.request_id]
+        if seq.is_finished:  # a sibling failed the request earlier in this step
+            return
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - this request fails; the step goes on for the others
+            self.fail(req, e)
+
+    def fail(self, req: Request, error: Exception) -> None:
+        """Finish `req` with `error`: its blocks go back to the pool, the step's other requests go on."""
+        req.error = error
+        for seq in req.seqs:
+            seq.num_pending_forks = 0
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+
+    def fork(self, req: Request, parent: Sequence) -> list[Sequence]:
+        """n > 1: the other samples share the prompt's blocks with the first (copy-on-write later)."""
+        children = []
+        for index in range(1, parent.num_pending_forks + 1):
+            child = req.new_sequence(index, self.device, parent)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_tokens = parent.num_cached_tokens
+            self.kv.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            self.scheduler.running.append(child)
+            children.append(child)
+        req.seqs += children
+        parent.num_pending_forks = 0
+        return children
+
+    # -- one token --------------------------------------------------------------------------------
+    def append_token(self, seq: Sequence, token: int, now: float) -> None:
+        """Append a token to `seq`: metrics, constraint, text, then whether it ends the sequence."""
+        req = self.requests[seq.request_id]
+        seq.token_ids.append(token)
+        self.num_generated_tokens += 1
+        if seq.index == 0:
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+                req.metrics.num_cached_tokens = seq.num_cached_tokens
+            req.metrics.token_times.append(now)
+        if seq.constraint is not None:
+            seq.constraint.advance(token)
+        reason, stop_reason = self._stop_string(seq, token) if seq.detokenizer is not None else (None, None)
+        if reason is None:
+            reason, stop_reason = self._stop(seq, token)
+        if reason is not None:
+            seq.stop_reason = stop_reason
+            if seq.detokenizer is not None and not isinstance(stop_reason, str):
+                seq.detokenizer.flush()
+            self.scheduler.finish(seq, reason)
+
+    @staticmethod
+    def _stop_string(seq: Sequence, token: int) -> tuple[str | None, str | None]:
+        """Detokenize; a stop string is searched only where the new text could complete it: O(stop length) per token."""
+        delta = seq.detokenizer.add(token)
+        text = seq.detokenizer.text
+        for stop in seq.params.stop if delta else ():
+            at = text.find(stop, max(0, len(text) - len(delta) - len(stop) + 1))
+            if at >= 0:
+                seq.detokenizer.text = text[:at]
+                return "stop", stop
+        return None, None
+
+    def _stop(self, seq: Sequence, token: int) -> tuple[str | None, int | None]:
+        params = seq.params
+        if token in params.stop_token_ids:
+            return "stop", token
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return "stop", None
+        if seq.constraint is not None and seq.constraint.is_done:
+            return "stop", None
+        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            return "length", None
+        if len(seq) >= self.max_model_len:
+            return "length", None
+        return None, None
+
+    # -- outputs ----------------------------------------------------------------------------------
+    def outputs(self, start: float) -> list[RequestOutput]:
+        """A RequestOutput for each request touched this step that finished, or that streams."""
+        outputs, now = [], time.perf_counter()
+        for req in self.touched.values():
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = start
+            if req.finished or req.stream:
+                outputs.append(self.output(req))
+            if req.finished:
+                req.metrics.finished_time = now
+                del self.requests[req.request_id]
+        return outputs
+
+    def output(self, req: Request) -> RequestOutput:
+        outs = [CompletionOutput(s.index, self._text(s), list(s.output_token_ids), s.finish_reason, s.stop_reason,
+                                 None if s.logprobs is None else list(s.logprobs))
+                for s in sorted(req.seqs, key=lambda s: s.index)]
+        req.metrics.num_preemptions = sum(s.num_preemptions for s in req.seqs)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished, req.metrics, req.error)
+
+    def _text(self, seq: Sequence) -> str:
+        if seq.detokenizer is not None:
+            return seq.detokenizer.text
+        if seq.is_finished:
+            return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
+        return ""
+
+
+def draw(logits: torch.Tensor, samplers: list[Sequence]) -> list[int | Exception]:
+    """One token per row. If the batched draw raises, each row is drawn alone, so the error
+    lands on the request that caused it and every other row still gets its token."""
+    try:
+        return sample(logits, samplers)
+    except Exception:  # noqa: BLE001
+        tokens = []
+        for i, seq in enumerate(samplers):
+            try:
+                tokens += sample(logits[i : i + 1], [seq])
+            except Exception as e:  # noqa: BLE001
+                tokens.append(e)
+        return tokens
+
+
+def token_logprobs(logits: torch.Tensor, samplers: list[Sequence], tokens: list) -> dict[int, dict[int, Logprob]]:
+    """For the rows whose request asked for logprobs: {token: Logprob} of the sampled token and the
+    k most likely, from the raw logits (computed only for those rows)."""
+    rows = [i for i, seq in enumerate(samplers) if seq.params.logprobs is not None and isinstance(tokens[i], int)]
+    if not rows:
+        return {}
+    lp = logits[rows].float().log_softmax(dim=-1)
+    out = {}
+    for lp_row, i in zip(lp, rows):
+        token = tokens[i]
+        entry = {token: Logprob(lp_row[token].item(), int((lp_row > lp_row[token]).sum()) + 1)}
+        top = lp_row.topk(samplers[i].params.logprobs) if samplers[i].params.logprobs else None
+        if top is not None:
+            for rank, (value, tid) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
+                entry.setdefault(tid, Logprob(value, rank))
+        out[i] = entry
+    return out

@@ -1,0 +1,39 @@
+"""An OpenAI-compatible HTTP server over AsyncLLM: the API vLLM and SGLang speak too.
+
+    nano-infer serve --port 8000
+    client = openai.OpenAI(base_url="http://localhost:8000/v1", api_key="none")
+    client.chat.completions.create(model=..., messages=[...], stream=True)
+
+POST /v1/completions and /v1/chat/completions answer with one JSON body, or, with
+"stream": true, with server-sent events: one `data: {chunk}` line per new piece of text,
+then `data: [DONE]`. GET /v1/models lists the one model, GET /health says whether the
+engine thread is alive. Errors carry OpenAI's body, {"error": {"message", "type", "param",
+"code"}}, so clients raise their usual exceptions.
+
+One client cannot hurt another's stream: a request is validated strictly (protocol.py) and
+refused with 400 before it reaches the engine; bodies over `max_body_bytes` get 413; prompts are
+tokenized and constraints compiled off the engine thread, under limits (AsyncLLM); a failure
+inside a step fails only its own request. `api_key` requires `Authorization: Bearer <key>` on
+/v1/*, and a server bound to localhost answers only requests whose Host header names localhost,
+so a web page cannot reach it through DNS rebinding. GET /metrics serves Prometheus metrics.
+
+The pieces (a request meets the first three in this order):
+
+    guard.py    ASGI middleware before any route: the Host allow-list and the body size limit
+    app.py      the routes, and how one request becomes an AsyncLLM.generate call and a response
+    render.py   engine outputs as OpenAI bodies: a whole reply, or server-sent events
+    errors.py   APIError, and every other failure turned into OpenAI's error body
+    runner.py   uvicorn around the app: blocking (`nano-infer serve`) or on a thread (tests, notebooks)
+"""
+from .app import build_app, public_model_name
+from .errors import APIError
+from .guard import LOCAL_HOSTS, MAX_BODY_BYTES, allowed_hosts_for
+from .runner import BackgroundServer, run_server
+
+# Notebook 08 and the tests import these from nano_infer.server too.
+from ..protocol import ChatBody, CompletionBody  # noqa: F401
+from .app import _sampling_params, _unless_disconnected  # noqa: F401
+from .render import _events  # noqa: F401
+
+__all__ = ["APIError", "BackgroundServer", "LOCAL_HOSTS", "MAX_BODY_BYTES", "allowed_hosts_for", "build_app",
+           "public_model_name", "run_server"]

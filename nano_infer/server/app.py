@@ -1,0 +1,187 @@
+"""The FastAPI app: its routes, and how one request becomes an AsyncLLM.generate call and a reply.
+
+A request is checked in full before it reaches the engine, so a bad one costs the engine
+nothing: the body's fields by pydantic (protocol.py), then what a field alone cannot say (one
+prompt per request, `echo` with `logprobs`, the model's name) here.
+
+A client that goes away aborts its request and frees its KV blocks. While streaming,
+Starlette notices the disconnect and cancels the response; the cancellation lands in
+AsyncLLM.generate, whose cleanup aborts the request. Before the first byte is sent (a
+non-streamed reply, or a stream waiting for its first token) `_unless_disconnected`
+watches the connection itself.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+import uuid
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..async_engine import AsyncLLM
+from ..constrained.compile_pool import CompilePoolBusy
+from ..metrics import EngineMetrics
+from ..protocol import ChatBody, CompletionBody, ContentPart, ProtocolError, sampling_params
+from ..sampling_params import SamplingParams
+from .errors import EXCEPTION_HANDLERS, APIError
+from .guard import MAX_BODY_BYTES, _Guard
+from .render import _events, _Render, _whole_reply
+
+
+def public_model_name(llm: AsyncLLM) -> str:
+    """What clients call the model: the hub id, or a local folder's name (never its absolute path)."""
+    name = llm.engine.config.model
+    return Path(llm.engine.model_dir).name if name is None or Path(name).exists() else name
+
+
+def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str | None = None,
+              allowed_hosts: tuple[str, ...] | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI app. `allowed_hosts=None` accepts any Host header (a server bound to all interfaces
+    behind its own proxy); run_server and BackgroundServer pass LOCAL_HOSTS when bound to localhost."""
+    model_name = served_model_name or public_model_name(llm)
+    app = FastAPI(title="nano_infer", docs_url=None, redoc_url=None, openapi_url=None,
+                  exception_handlers=EXCEPTION_HANDLERS)
+    app.add_middleware(_Guard, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes)
+    _add_probes(app, llm, EngineMetrics(llm.engine, model_name))
+    _add_api(app, llm, model_name, auth=[Depends(_authorized(api_key))])
+    return app
+
+
+def _authorized(api_key: str | None):
+    """The dependency every /v1 route runs first: with an `api_key`, the request must bear it."""
+    async def authorized(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                           "authentication_error", code="invalid_api_key")
+    return authorized
+
+
+def _add_probes(app: FastAPI, llm: AsyncLLM, metrics: EngineMetrics) -> None:
+    """/health and /metrics, for load balancers and Prometheus: they need no API key."""
+    @app.get("/health")
+    async def health():
+        if not llm.is_running:
+            raise APIError(503, "the engine thread has stopped", "service_unavailable")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+
+def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, auth: list) -> None:
+    """OpenAI's routes: /v1/models, /v1/completions and /v1/chat/completions."""
+    created = int(time.time())
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "nano_infer", "max_model_len": llm.engine.max_model_len}]}
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(body: CompletionBody, request: Request):
+        prompt, params = _completion_request(body, model_name)
+        return await _generate(llm, request, body, prompt, params, model_name, chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(body: ChatBody, request: Request):
+        messages, params = _chat_request(body, model_name)
+        return await _generate(llm, request, body, messages, params, model_name, chat=True)
+
+
+def _completion_request(body: CompletionBody, model_name: str) -> tuple[str | list[int], SamplingParams]:
+    """The prompt (a string or token ids) and the sampling parameters of a /v1/completions body."""
+    _check_model(body.model, model_name)
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise APIError(400, f"prompt: give one prompt per request (got {len(prompt)})", param="prompt")
+        prompt = prompt[0]
+    if body.echo and body.logprobs is not None:
+        raise APIError(400, "echo with logprobs (the prompt's logprobs) is not supported; "
+                            "use one or the other", param="echo")
+    return prompt, _sampling_params(body, body.max_tokens, body.logprobs)
+
+
+def _chat_request(body: ChatBody, model_name: str) -> tuple[list[dict], SamplingParams]:
+    """The messages, for the chat template, and the sampling parameters of a /v1/chat/completions body."""
+    _check_model(body.model, model_name)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    messages = [{"role": m.role, "content": _text_of(m.content)} for m in body.messages]
+    return messages, _sampling_params(body, body.max_completion_tokens or body.max_tokens,
+                                      (body.top_logprobs or 0) if body.logprobs else None)
+
+
+def _sampling_params(body, max_tokens: int | None, logprobs: int | None = None) -> SamplingParams:
+    try:
+        return sampling_params(body, max_tokens, logprobs)
+    except ProtocolError as e:
+        raise APIError(400, str(e), param=e.param) from e
+
+
+def _check_model(requested: str | None, served: str) -> None:
+    if requested is not None and requested != served:
+        raise APIError(404, f"The model `{requested}` does not exist. This server serves `{served}`.",
+                       param="model", code="model_not_found")
+
+
+def _text_of(content: str | list[ContentPart]) -> str:
+    if isinstance(content, str):
+        return content
+    if any(part.type != "text" or part.text is None for part in content):
+        raise APIError(400, "messages: only text content parts are supported", param="messages")
+    return "\n".join(part.text for part in content)
+
+
+class _ClientGone(Exception):
+    """The client hung up before its reply began: nobody is left to send a response to."""
+
+
+async def _generate(llm: AsyncLLM, request: Request, body, prompt, params: SamplingParams,
+                    model_name: str, chat: bool) -> Response:
+    """Run one request: its whole reply as JSON, or its stream once the first output exists."""
+    request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    head = {"id": request_id, "created": int(time.time()), "model": model_name}
+    outputs = llm.generate(prompt, params, request_id, stream=body.stream)
+    render = _Render(llm.tokenizer, chat, params.logprobs, prompt if not chat and getattr(body, "echo", False) else None)
+    try:
+        if not body.stream:
+            return JSONResponse(await _unless_disconnected(request, _whole_reply(outputs, head, render)))
+        first = await _unless_disconnected(request, anext(outputs))  # bad input raises here, before the 200
+    except ValueError as e:
+        raise APIError(400, str(e), param="response_format" if params.constrained and "constraint" in str(e) else None) from e
+    except CompilePoolBusy as e:
+        raise APIError(503, str(e), "service_unavailable") from e
+    except _ClientGone:
+        return Response(status_code=499)
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return StreamingResponse(_events(first, outputs, head, render, include_usage), media_type="text/event-stream")
+
+
+async def _unless_disconnected(request: Request, awaitable):
+    """Await `awaitable`, cancelling it (and so aborting its request) if the client leaves first."""
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, watch = asyncio.ensure_future(awaitable), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+    if not work.cancelled() and work.done():
+        return work.result()
+    with contextlib.suppress(BaseException):  # let the cancellation finish (it aborts the request)
+        await work
+    raise _ClientGone

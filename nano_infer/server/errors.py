@@ -1,0 +1,64 @@
+"""Every failure as OpenAI's error body, {"error": {"message", "type", "param", "code"}}.
+
+The official clients turn that body into their usual exceptions (BadRequestError, NotFoundError,
+...), so a refused request reads the same from nano_infer as from OpenAI or vLLM. FastAPI's own
+failures (a body that is not JSON, a field of the wrong type, an unknown path) and crashes are
+rewritten into it too; a crash shows the client only an id to look up in the server log.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger("nano_infer.server")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": self.body()}, status_code=self.status)
+
+    def body(self) -> dict:
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
+
+async def _api_error(request, exc: APIError):
+    return exc.response()
+
+
+async def _invalid(request, exc: RequestValidationError):
+    err = exc.errors()[0]
+    if err["type"] == "json_invalid":
+        detail = err.get("ctx", {}).get("error", err["msg"])
+        return APIError(400, f"the request body is not valid JSON ({detail})").response()
+    loc = [str(x) for x in err["loc"][1:]]  # drop "body"
+    if not loc:
+        return APIError(400, f"the request body must be a JSON object, sent with Content-Type: application/json "
+                             f"({err['msg']})").response()
+    if err["type"] == "extra_forbidden":
+        return APIError(400, f"unrecognized request argument: {'.'.join(loc)} (this server does not implement it)",
+                        param=loc[0]).response()
+    return APIError(400, f"{'.'.join(loc)}: {err['msg']}", param=loc[0]).response()
+
+
+async def _http(request, exc: HTTPException):
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return APIError(exc.status_code, str(exc.detail), kind).response()
+
+
+async def _crash(request, exc: Exception):
+    error_id = uuid.uuid4().hex[:12]
+    log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
+    return APIError(500, f"internal server error (id {error_id}, in the server log)", "internal_server_error").response()
+
+
+# FastAPI(exception_handlers=...): these replace FastAPI's own handlers for the same exceptions.
+EXCEPTION_HANDLERS = {APIError: _api_error, RequestValidationError: _invalid, HTTPException: _http, Exception: _crash}
