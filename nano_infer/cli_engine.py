@@ -41,6 +41,7 @@ def _prefix_cache_flag(value: str | None) -> str:
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """--kv-cache for EngineConfig.kv_cache, and so on: the flag is the field's name with dashes."""
     for name, kwargs in _OPTIONS.items():
         default = _DEFAULTS[name]
         if name == "prefix_cache":

@@ -13,7 +13,7 @@ def llm(qwen2_dir):
 
 def assert_clean(engine):
     if engine.prefix_cache is not None:
-        engine.prefix_cache.clear()
+        engine.kv.clear()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
     assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
 
@@ -155,7 +155,8 @@ def test_stop_strings_and_stop_token_ids(llm):
 def test_eos_ends_the_request_unless_ignored(qwen2_dir):
     engine = LLMEngine(str(qwen2_dir), dtype="float32")
     ref = LLM(str(qwen2_dir), dtype="float32").generate(prompt_token_ids=[[7, 8, 9]], sampling_params=SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0].outputs[0].token_ids
-    engine.eos_token_ids = {ref[5]}  # pretend the 6th greedy token is EOS
+    engine.eos_token_ids.clear()  # pretend the 6th greedy token is EOS (the set the output processor reads)
+    engine.eos_token_ids.add(ref[5])
     engine.add_request("r", prompt_token_ids=[7, 8, 9], params=SamplingParams(temperature=0, max_tokens=30))
     while engine.has_unfinished_requests():
         outs = engine.step()

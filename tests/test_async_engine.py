@@ -7,7 +7,8 @@ import pytest
 
 from nano_infer import LLM, CompletionOutput, RequestOutput, SamplingParams
 from nano_infer.async_engine import AsyncLLM, _Deltas
-from nano_infer.detokenizer import IncrementalDetokenizer, _byte_decoder
+from nano_infer.byte_level import gpt2_unicode_to_byte
+from nano_infer.detokenizer import IncrementalDetokenizer
 from engine_checks import assert_idle_and_blocks_free, record_aborts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -227,7 +228,7 @@ def test_deltas_hold_back_a_possible_stop_string():
 
 
 def test_incremental_detokenizer_never_splits_a_character(tokenizer):
-    to_byte_token = {b: tokenizer.convert_tokens_to_ids(c) for c, b in _byte_decoder().items()}
+    to_byte_token = {b: tokenizer.convert_tokens_to_ids(c) for c, b in gpt2_unicode_to_byte().items()}
     for text in ["To be, or not to be", "你好，世界！", "🙂🚀 café naïve", "mixed 你好 🙂 end"]:
         merged = tokenizer.encode(text, add_special_tokens=False)
         one_byte_each = [to_byte_token[b] for b in text.encode("utf-8")]

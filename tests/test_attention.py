@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nano_infer.attention import AttentionBackend, AttentionMetadata, DecodeBatch, SeqSlice
+from nano_infer.attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend
 
 ATOL, RTOL = 2e-5, 1e-4
 IMPLS = ["gather", "blockwise"]
@@ -96,7 +96,7 @@ def reference(q, k, v, cached):
 
 def run(impl, seqs, num_kv_heads, groups, head_dim, block_size, blocks_per_chunk=16, seed=0, layer=1):
     pool, meta, q, k, v, expected = build_step(seqs, num_kv_heads, groups, head_dim, block_size, layer=layer, seed=seed)
-    backend = AttentionBackend(impl, pool, blocks_per_chunk=blocks_per_chunk)
+    backend = make_backend(impl, pool, blocks_per_chunk=blocks_per_chunk)
     backend.meta = meta
     out = backend.attend(layer, q, k, v)
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -162,7 +162,7 @@ def test_random_packed_steps(case):
 
 def test_rejects_unknown_impl():
     with pytest.raises(ValueError, match="attention="):
-        AttentionBackend("flash", None)
+        make_backend("flash", None)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -174,7 +174,7 @@ def test_builds_nothing_off_the_model_device(impl):
                              prefills=[SeqSlice(0, 5, 10, torch.arange(3, device=dev))], block_size=4)
     meta.decodes = [DecodeBatch(5, 6, torch.arange(5, 9, device=dev).view(1, 4), torch.tensor([13], device=dev),
                                 torch.zeros(1, 1, 1, 16, device=dev))]
-    backend = AttentionBackend(impl, pool, blocks_per_chunk=2)
+    backend = make_backend(impl, pool, blocks_per_chunk=2)
     backend.meta = meta
     out = backend.attend(0, torch.empty(6, 4, 8, device=dev), torch.empty(6, 2, 8, device=dev), torch.empty(6, 2, 8, device=dev))
     assert out.shape == (6, 4, 8) and out.device == dev

@@ -107,7 +107,7 @@ def test_compare_ttft_records_every_prompt(llms, tokenizer):
     prompts = [bp.chat_prompt(tokenizer, [{"role": "system", "content": workload.system},
                                           {"role": "user", "content": q}]) for (q,) in workload.paths]
     pair = {"none": llms[None], "hash": llms["hash"]}
-    llms["hash"].engine.prefix_cache.clear()  # earlier tests cached these very prompts
+    llms["hash"].engine.kv.clear()  # earlier tests cached these very prompts
     c = bp.compare_ttft(pair, prompts[1:], warmup=prompts[0])
     assert all(len(c.ttft[k]) == 3 and all(t > 0 for t in c.ttft[k]) for k in pair)
     assert c.cached_tokens["none"] == [0, 0, 0]

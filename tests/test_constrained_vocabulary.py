@@ -13,8 +13,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from nano_infer.byte_level import gpt2_byte_to_unicode
 from nano_infer.constrained import TokenVocabulary
-from nano_infer.constrained.vocabulary import gpt2_byte_to_unicode
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS = "<|endoftext|>"

@@ -9,6 +9,7 @@ import torch
 from nano_infer.kv import KVPool
 from nano_infer.model_runner import ModelRunner
 from nano_infer.sampling_params import SamplingParams
+from nano_infer.scheduler import ScheduledSeq
 from nano_infer.sequence import Sequence
 
 BS = 4
@@ -31,7 +32,7 @@ def test_decodes_first_in_length_order_then_prefills_logits_in_scheduled_order()
     scheduled = [(prompt, 9), (long_, 1), (chunk, 5), (short, 1), (mid, 1)]
     runner = ModelRunner(None, pool, "gather", BS, torch.device("cpu"))
     runner.decode_batch = 2
-    ids, pos, meta, sample_rows = runner.prepare(scheduled)
+    ids, pos, meta, sample_rows = runner.prepare([ScheduledSeq(s, s.num_computed_tokens, n) for s, n in scheduled])
 
     layout = [short, mid, long_, prompt, chunk]  # decodes by context length, then prefills in scheduled order
     counts = {id(short): 1, id(mid): 1, id(long_): 1, id(prompt): 9, id(chunk): 5}

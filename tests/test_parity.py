@@ -7,7 +7,7 @@ import torch
 
 from model_factory import hf_model
 from nano_infer import LLM, LLMEngine, SamplingParams
-from nano_infer.attention import AttentionBackend, AttentionMetadata, SeqSlice
+from nano_infer.attention import AttentionMetadata, SeqSlice, make_backend
 
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -41,7 +41,7 @@ def qwen2_reference(qwen2_dir, tokenizer):
 def test_logits_match_transformers(model_dir, tokenizer):
     engine = LLMEngine(str(model_dir), dtype="float32", kv_cache="none")
     ids = torch.tensor(prompts(tokenizer)[1])
-    backend = AttentionBackend("dense", None)
+    backend = make_backend("dense", None)
     backend.meta = AttentionMetadata(slot_mapping=None, prefills=[SeqSlice(0, len(ids), len(ids))])
     with torch.no_grad():  # the engine on its device (the GPU where there is one), transformers on the CPU
         dev = engine.device
@@ -91,7 +91,7 @@ def test_greedy_identical_for_every_configuration(config, qwen2_dir, qwen2_refer
     engine = llm.engine
     if engine.prefix_cache is not None:
         assert sum(o.num_cached_tokens for o in second) > 0
-        engine.prefix_cache.clear()
+        engine.kv.clear()
     if engine.kv is not None:
         assert engine.kv.num_free_blocks == engine.kv.num_blocks, "KV blocks leaked"
         assert all(r == 0 for r in engine.kv.ref_count)

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nano_infer import LLM, LLMEngine, SamplingParams
-from nano_infer.attention import AttentionBackend, AttentionMetadata, SeqSlice
+from nano_infer.attention import AttentionMetadata, SeqSlice, make_backend
 from test_parity import MAX_NEW, prompts
 
 
@@ -22,7 +22,7 @@ def hf(model_dir, dtype, device):
 def test_bf16_logits_within_bf16_error_of_transformers(model_dir, tokenizer):
     engine = LLMEngine(str(model_dir), dtype="bfloat16", kv_cache="none")
     ids = torch.tensor(prompts(tokenizer)[1], device=engine.device)
-    backend = AttentionBackend("dense", None)
+    backend = make_backend("dense", None)
     backend.meta = AttentionMetadata(slot_mapping=None, prefills=[SeqSlice(0, len(ids), len(ids))])
     with torch.no_grad():
         ours = engine.model.compute_logits(engine.model(ids, torch.arange(len(ids), device=ids.device), backend)).float()

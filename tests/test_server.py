@@ -13,8 +13,8 @@ import nano_infer.engine
 import nano_infer.server
 from nano_infer import LLM, SamplingParams
 from nano_infer.async_engine import AsyncLLM
+from nano_infer.byte_level import gpt2_unicode_to_byte
 from nano_infer.constrained import ByteDFA, json_schema_to_regex
-from nano_infer.detokenizer import _byte_decoder
 from nano_infer.server import BackgroundServer, CompletionBody, _sampling_params
 from engine_checks import assert_idle_and_blocks_free, record_aborts
 
@@ -238,7 +238,7 @@ def test_a_client_that_leaves_a_non_streamed_request_aborts_it(server, allm, cli
 def test_text_split_mid_character_streams_whole_characters(client, model, tokenizer, monkeypatch):
     """English, Chinese and emoji, forced out one UTF-8 byte per token: every delta is whole characters."""
     text = "To be 你好，世界！ 🙂🚀 café"
-    byte_token = {b: tokenizer.convert_tokens_to_ids(c) for c, b in _byte_decoder().items()}
+    byte_token = {b: tokenizer.convert_tokens_to_ids(c) for c, b in gpt2_unicode_to_byte().items()}
     forced = [byte_token[b] for b in text.encode("utf-8")]
     monkeypatch.setattr(nano_infer.engine, "sample", lambda logits, seqs: [forced[s.num_output_tokens] for s in seqs])
     args = dict(model=model, prompt="x", max_tokens=len(forced), temperature=0)

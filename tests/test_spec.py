@@ -55,18 +55,19 @@ CASES = [
 
 
 def check_blocks(engine) -> None:
-    """After every step: reference counts equal block-table references, and every running sequence
-    holds exactly the blocks of its computed tokens (rejected proposals' blocks went back)."""
+    """After every step: reference counts equal block-table references (plus the prefix cache's
+    one on each block it keeps), and every running sequence holds exactly the blocks of its
+    computed tokens (rejected proposals' blocks went back)."""
     if engine.config.kv_cache != "paged":
         return
     kv, bs = engine.kv, engine.kv.block_size
-    holders = [0] * kv.num_blocks
+    holders = [int(kv.holds(b)) for b in range(kv.num_blocks)]
     for seq in engine.scheduler.running:
         assert len(seq.block_table) == -(-seq.num_computed_tokens // bs), "blocks of rejected tokens kept"
         for b in seq.block_table:
             holders[b] += 1
     assert holders == kv.ref_count
-    assert not set(kv.free_blocks) & {b for b, r in enumerate(kv.ref_count) if r}
+    assert not set(kv.blocks.free_blocks) & {b for b, r in enumerate(kv.ref_count) if r}
 
 
 def drain_checked(engine) -> dict:
@@ -131,7 +132,7 @@ def test_greedy_identical_with_speculation(config, method, qwen2_dir, other_draf
         finals = [p + e for p, e in zip(ps, expected)]
         for prefix in cached_prefixes(engine.prefix_cache):
             assert any(f[: len(prefix)] == prefix for f in finals), f"cache holds tokens never accepted: {prefix}"
-        engine.prefix_cache.clear()
+        engine.kv.clear()
     assert not any(engine.kv.ref_count)
     assert engine.kv.num_free_blocks == engine.kv.num_blocks, "KV blocks leaked"
 
@@ -160,7 +161,7 @@ def test_n_greater_than_one_and_sampling_in_one_batch(qwen2_dir, other_draft, re
         assert [c.token_ids for c in outs["g"].outputs] == [expected[0]] * 3
         assert outs["p"].outputs[0].token_ids == expected[4]
         assert [len(c.token_ids) for c in outs["s"].outputs] == [24, 24]
-        engine.prefix_cache.clear()
+        engine.kv.clear()
         assert_idle_and_blocks_free(engine)
 
 
@@ -193,7 +194,7 @@ def test_stop_token_inside_accepted_proposals_ends_the_request_there(qwen2_dir, 
     llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, speculative_config=spec_configs(qwen2_dir, other_draft)["draft=target"])
     out = llm.generate(prompt_token_ids=[ps[1]], sampling_params=params)[0].outputs[0]
     assert out.token_ids == expected[1][: expected[1].index(stop) + 1]
-    llm.engine.prefix_cache.clear()
+    llm.engine.kv.clear()
     assert_idle_and_blocks_free(llm.engine)
 
 

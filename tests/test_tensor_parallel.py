@@ -140,7 +140,7 @@ def test_tp2_matches_one_process_and_transformers_with_preemption_prefix_cache_a
         assert sum(o.num_cached_tokens for o in second) > 0
         assert tokens(llm.generate(prompt_token_ids=ps[:3], sampling_params=sampled)) == expected_sampled
         engine = llm.engine
-        engine.prefix_cache.clear()
+        engine.kv.clear()
         assert engine.kv.num_free_blocks == engine.kv.num_blocks and not any(engine.kv.ref_count)
     # closed: the worker has exited, the process group is gone, the engine says so
     assert gone(pids) and not dist.is_initialized()

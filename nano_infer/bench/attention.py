@@ -22,6 +22,7 @@ from ..attention import AttentionBackend
 from ..kv import KVPool
 from ..model_runner import ModelRunner
 from ..sampling_params import SamplingParams
+from ..scheduler import ScheduledSeq
 from ..sequence import Sequence
 from ..utils import cdiv
 from .timing import interleaved
@@ -61,7 +62,7 @@ def step_case(impl: str, work: list[tuple[int, int]], num_heads: int, num_kv_hea
         seqs.append(seq)
     runner = ModelRunner(None, pool, impl, block_size, device)
     runner.backend.blocks_per_chunk = blocks_per_chunk
-    _, _, meta, last_rows = runner.prepare([(seq, new) for seq, (_, new) in zip(seqs, work)])
+    _, _, meta, last_rows = runner.prepare([ScheduledSeq(seq, cached, new) for seq, (cached, new) in zip(seqs, work)])
     runner.backend.meta = meta
     T = sum(new for _, new in work)
 

@@ -270,7 +270,7 @@ def compare_ttft(llms: dict, prompts: list[list[int]], warmup: list[int] | None 
     labels = list(llms)
     for llm in llms.values():
         if llm.engine.prefix_cache is not None:
-            llm.engine.prefix_cache.clear()
+            llm.engine.kv.clear()
     if warmup is not None:
         for label in labels:
             run_one(llms[label], warmup, 1)

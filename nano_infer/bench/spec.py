@@ -63,7 +63,7 @@ def run_once(llm, prompt_ids: list[list[int]], params: SamplingParams, batch: in
         outs += llm.generate(prompt_token_ids=prompt_ids[i : i + batch], sampling_params=params, use_tqdm=False)
     seconds = time.perf_counter() - t0
     if engine.prefix_cache is not None:  # every round starts cold: no engine gets the other's cache hits
-        engine.prefix_cache.clear()
+        engine.kv.clear()
     stats = None
     if before is not None:
         s = engine.spec.stats

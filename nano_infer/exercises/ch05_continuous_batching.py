@@ -4,6 +4,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from ..kv.block_manager import BlockManager
+from ..kv.manager import KVManager
 from ..sampling_params import SamplingParams
 from ..scheduler import Scheduler
 from ..sequence import Sequence, SequenceStatus
@@ -12,8 +13,8 @@ from .core import call, exercise, expect, forall
 
 def _engine_step(running, waiting, token_budget, max_num_seqs):
     """What nano_infer's Scheduler schedules, with KV room to spare (no preemption)."""
-    kv = BlockManager(4096, 16)
-    sched = Scheduler(kv, None, max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget)
+    kv = KVManager(BlockManager(4096, 16))
+    sched = Scheduler(kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget)
     for rid, left in running:
         seq = Sequence(rid, [0] * (left + 3), SamplingParams())
         seq.num_computed_tokens = 3  # part of it already computed
@@ -22,7 +23,7 @@ def _engine_step(running, waiting, token_budget, max_num_seqs):
         sched.running.append(seq)
     for rid, left in waiting:
         sched.add(Sequence(rid, [0] * left, SamplingParams()))
-    return [(seq.request_id, n) for seq, n in sched.schedule().scheduled]
+    return [(e.seq.request_id, e.num_tokens) for e in sched.schedule().scheduled]
 
 
 @st.composite

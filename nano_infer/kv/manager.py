@@ -81,7 +81,10 @@ class KVManager:
         short = self.blocks.num_blocks_needed(seq, num_new_tokens) - self.blocks.num_free_blocks
         if short > 0:
             self.evict(short)
+        num_copies = len(self.blocks.pending_copies)
         self.blocks.allocate(seq, num_new_tokens)
+        for src, _ in self.blocks.pending_copies[num_copies:]:  # copy-on-write left the cached original to the cache
+            self._unreferenced(src)
 
     def evict(self, num_blocks: int) -> int:
         """Free up to `num_blocks` idle cached blocks, least recently used first; returns how many."""
@@ -123,10 +126,13 @@ class KVManager:
         if self.prefix_cache is not None:
             self.prefix_cache.release(seq)
         self.blocks.free(seq)
-        if self.prefix_cache is not None:
-            for block in reversed(table):  # the tail turns idle first: evicted before the head
-                if self.blocks.ref_count[block] == 1 and self.prefix_cache.holds(block):
-                    self.prefix_cache.on_unreferenced(block)
+        for block in reversed(table):  # the tail turns idle first: evicted before the head
+            self._unreferenced(block)
+
+    def _unreferenced(self, block: int) -> None:
+        """A sequence dropped `block`: if only the cache holds it now, it is idle (evictable)."""
+        if self.prefix_cache is not None and self.blocks.ref_count[block] == 1 and self.prefix_cache.holds(block):
+            self.prefix_cache.on_unreferenced(block)
 
     def finish(self, seq: Sequence) -> None:
         """A sequence is done: its full blocks stay in the prefix cache for later requests, the rest are freed."""

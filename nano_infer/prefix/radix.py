@@ -101,10 +101,10 @@ class RadixPrefixCache(PrefixCache):
         pos = node.depth
         if pos == len(tokens):
             return node, []
-            leaf = RadixNode(tuple(tokens[pos:]), list(blocks[pos // bs :]), node,
-                             last_access=next(self._clock), depth=len(tokens))
-            node.children[leaf.tokens[:bs]] = leaf
-            self.tree_blocks.update(leaf.blocks)
+        leaf = RadixNode(tuple(tokens[pos:]), list(blocks[pos // bs :]), node,
+                         last_access=next(self._clock), depth=len(tokens))
+        node.children[leaf.tokens[:bs]] = leaf
+        self.tree_blocks.update(leaf.blocks)
         self.evictable_blocks += len(leaf.blocks)
         return leaf, leaf.blocks
 
