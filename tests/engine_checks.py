@@ -5,7 +5,7 @@ import contextlib
 def assert_idle_and_blocks_free(engine) -> None:
     """No request left anywhere, and every block free or held only by the prefix cache."""
     assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
-    assert not any(engine.kv.ref_count)
+    assert all(r == engine.kv.holds(b) for b, r in enumerate(engine.kv.ref_count))  # the cache's reference only
     assert engine.kv.num_free_blocks + engine.prefix_cache.num_evictable_blocks() == engine.kv.num_blocks
 
 

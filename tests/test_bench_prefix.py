@@ -123,8 +123,8 @@ def test_staggered_run_and_tree_snapshots(llms, tokenizer):
                for q in bp.questions(3)]
     llm = llms["radix"]
     cache = llm.engine.prefix_cache
-    cache.clear()
-    on_step, snaps = vr.record_tree(cache, tokenizer.decode)
+    llm.engine.kv.clear()
+    on_step, snaps = vr.record_tree(llm.engine.kv, tokenizer.decode)
     outs = bp.run_staggered(llm, prompts, 6, steps_between=1, on_step=on_step, request_ids=["a", "b", "c"])
     assert [o.request_id for o in outs] == ["a", "b", "c"]
     alone = [bp.run_one(llms[None], p, 6)[0].output_token_ids for p in prompts]

@@ -1,4 +1,5 @@
-"""BlockManager invariants under random allocate / append / fork / free, with and without a prefix cache.
+"""KV invariants under random allocate / append / fork / free / evict: the BlockManager alone, and
+under a KVManager with a prefix cache on top.
 
 The KV pool is modelled as a dict from slot to the whole token prefix that ends at that
 slot's position: real K/V at position i depends on every token up to i (through the
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from nano_infer.kv import BlockManager, NoFreeBlocksError
+from nano_infer.kv.manager import KVManager
 from nano_infer.prefix import make_prefix_cache
 from nano_infer.sampling_params import SamplingParams
 from nano_infer.sequence import Sequence
@@ -35,7 +37,8 @@ class PooledMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(1, 12), block_size=st.sampled_from([1, 2, 4]))
     def setup(self, num_blocks, block_size):
         self.bm = BlockManager(num_blocks, block_size, log=True)
-        self.cache = make_prefix_cache(self.cache_kind, self.bm)
+        self.cache = make_prefix_cache(self.cache_kind, block_size)
+        self.kv = KVManager(self.bm, self.cache)
         self.pool: dict[int, tuple[int, ...]] = {}
         self.seqs: list[Sequence] = []  # sequences that hold (or may hold) blocks
         self.num_requests = 0
@@ -43,18 +46,14 @@ class PooledMachine(RuleBasedStateMachine):
     # -- helpers ---------------------------------------------------------------------------------
     def admit(self, seq: Sequence) -> None:
         if self.cache is not None:
-            hit = self.cache.acquire(seq)
+            hit = self.kv.acquire(seq)
             assert hit % self.bm.block_size == 0 and len(seq.block_table) * self.bm.block_size == hit
             assert seq.num_computed_tokens == min(hit, len(seq) - 1)
         self.seqs.append(seq)
 
     def drop(self, seq: Sequence) -> None:
         """Scheduler.finish / preemption order: offer the computed blocks, unlock, free."""
-        if self.cache is not None:
-            if seq.block_table:
-                self.cache.cache_computed(seq)
-            self.cache.release(seq)
-        self.bm.free(seq)
+        self.kv.finish(seq)
         assert seq.block_table == []
         self.seqs.remove(seq)
 
@@ -76,18 +75,18 @@ class PooledMachine(RuleBasedStateMachine):
         for seq in batch:
             n = data.draw(st.integers(1, seq.num_uncomputed_tokens))
             needed = self.bm.num_blocks_needed(seq, n)
-            if not self.bm.can_allocate(seq, n):
-                assert needed > self.bm.num_available_blocks
+            if not self.kv.can_allocate(seq, n):
+                assert needed > self.kv.num_available_blocks
                 continue
             free_before, log_start = self.bm.num_free_blocks, len(self.bm.log)
-            self.bm.allocate(seq, n)
+            self.kv.allocate(seq, n)
             assert self.allocs_since(log_start) == needed
             if self.cache is None:
                 assert self.bm.num_free_blocks == free_before - needed
             assert len(seq.block_table) == blocks_for(seq.num_computed_tokens + n, self.bm.block_size)
             scheduled.append((seq, n))
 
-        copies, self.bm.pending_copies = self.bm.pending_copies, []
+        copies = self.kv.take_copies()
         bs = self.bm.block_size
         apply_block_copies(self.pool, copies, bs)  # the runner copies whole blocks before the forward writes
 
@@ -101,9 +100,8 @@ class PooledMachine(RuleBasedStateMachine):
             seq.num_computed_tokens += n
             if seq.num_computed_tokens == len(seq):
                 seq.token_ids.append(data.draw(TOKENS))
-        if self.cache is not None:
-            for seq, _ in scheduled:
-                self.cache.cache_computed(seq)
+        for seq, _ in scheduled:
+            self.kv.cache_computed(seq)
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
@@ -113,9 +111,7 @@ class PooledMachine(RuleBasedStateMachine):
         child = Sequence(parent.request_id, parent.prompt_token_ids, PARAMS, index=1,
                          token_ids=list(parent.token_ids))
         child.num_computed_tokens = parent.num_computed_tokens
-        self.bm.fork(parent, child)  # LLMEngine._fork order
-        if self.cache is not None:
-            self.cache.fork(parent, child)
+        self.kv.fork(parent, child)
         assert child.block_table == parent.block_table
         self.seqs.append(child)
 
@@ -138,7 +134,7 @@ class PooledMachine(RuleBasedStateMachine):
     @rule(num_blocks=st.integers(1, 4))
     def evict(self, num_blocks):
         before = self.bm.num_free_blocks
-        freed = self.cache.evict(num_blocks)
+        freed = self.kv.evict(num_blocks)
         assert self.bm.num_free_blocks == before + freed
 
     # -- invariants ------------------------------------------------------------------------------
@@ -151,13 +147,13 @@ class PooledMachine(RuleBasedStateMachine):
             assert len(seq.block_table) == len(set(seq.block_table)), "a block table lists a block twice"
             holders.update(seq.block_table)
         for block in range(self.bm.num_blocks):
-            assert self.bm.ref_count[block] == holders[block], f"block {block}: ref count vs block tables"
-            cached = self.cache is not None and self.cache.holds(block)
+            cached = self.kv.holds(block)
+            assert self.bm.ref_count[block] == holders[block] + cached, f"block {block}: ref count vs holders"
             if block in free:
                 assert holders[block] == 0 and not cached, f"free block {block} is still in use"
             else:
                 assert holders[block] > 0 or cached, f"block {block} leaked: neither free, referenced nor cached"
-        assert self.bm.num_available_blocks >= self.bm.num_free_blocks
+        assert self.kv.num_available_blocks >= self.bm.num_free_blocks
 
     @invariant()
     def every_sequence_reads_back_its_own_history(self):
@@ -174,7 +170,7 @@ class PooledMachine(RuleBasedStateMachine):
         for seq in list(self.seqs):
             self.drop(seq)
         if self.cache is not None:
-            self.cache.clear()
+            self.kv.clear()
             assert self.cache.num_cached_blocks() == 0
         assert sorted(self.bm.free_blocks) == list(range(self.bm.num_blocks))
         assert self.bm.ref_count == [0] * self.bm.num_blocks

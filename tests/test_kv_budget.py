@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nano_infer import LLMEngine
-from nano_infer.engine import CPU_KV_AVAILABLE_FRACTION, CPU_KV_BUDGET
+from nano_infer.kv.sizing import CPU_KV_AVAILABLE_FRACTION, CPU_KV_BUDGET
 from nano_infer.kv.paged import KVPool
 
 

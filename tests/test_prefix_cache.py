@@ -1,4 +1,6 @@
-"""Prefix caches (hash and radix) driven through a BlockManager the way the engine drives them."""
+"""Prefix caches (hash and radix) driven through a KVManager over a BlockManager, the way the engine drives them.
+
+The cache holds one reference on each block it keeps: an idle cached block has a reference count of 1."""
 from collections import Counter
 
 import pytest
@@ -7,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from nano_infer.kv import BlockManager
+from nano_infer.kv.manager import KVManager
 from nano_infer.prefix import make_prefix_cache
 from nano_infer.sampling_params import SamplingParams
 from nano_infer.sequence import Sequence
@@ -22,7 +25,7 @@ def cached_blocks_in_use(bm, cache):
         idle = [b for node in cache.nodes() if node.lock_ref == 0 for b in node.blocks]
     else:
         idle = list(cache.idle)
-    return [b for b in idle if bm.ref_count[b] > 0]
+    return [b for b in idle if bm.ref_count[b] > 1]
 
 
 @pytest.mark.parametrize("kind", ["hash", "radix"])
@@ -31,28 +34,26 @@ def test_forked_child_keeps_its_cached_prefix_after_the_parent_finishes(kind):
     and a child may go unscheduled in the step where the parent finishes. The child still reads
     the prompt's blocks, so the cache must not count them as evictable (nor evict them)."""
     bm = BlockManager(num_blocks=4, block_size=2)
-    cache = make_prefix_cache(kind, bm)
+    cache = make_prefix_cache(kind, bm.block_size)
+    kv = KVManager(bm, cache)
     params = SamplingParams(max_tokens=4)
     parent = Sequence("r", [1, 2, 3, 4], params)
-    cache.acquire(parent)
-    bm.allocate(parent, 4)
+    kv.acquire(parent)
+    kv.allocate(parent, 4)
     parent.num_computed_tokens = 4
     child = Sequence("r", [1, 2, 3, 4], params, index=1, token_ids=list(parent.token_ids))
     child.num_computed_tokens = parent.num_computed_tokens
-    bm.fork(parent, child)  # LLMEngine._fork order
-    cache.fork(parent, child)
+    kv.fork(parent, child)  # OutputProcessor.fork
     parent.token_ids.append(9)
     child.token_ids.append(8)
-    cache.cache_computed(parent)  # end of that step: only scheduled sequences are offered
-    cache.cache_computed(parent)  # the parent finishes (Scheduler.finish order)
-    cache.release(parent)
-    bm.free(parent)
+    kv.cache_computed(parent)  # end of that step: only scheduled sequences are offered
+    kv.finish(parent)  # the parent finishes
 
     assert cached_blocks_in_use(bm, cache) == []
-    assert bm.num_available_blocks == bm.num_free_blocks + sum(
-        1 for b in range(bm.num_blocks) if cache.holds(b) and bm.ref_count[b] == 0)
-    cache.clear()  # must not evict the child's blocks
-    assert all(bm.ref_count[b] == 1 for b in child.block_table)
+    assert kv.num_available_blocks == bm.num_free_blocks + sum(
+        1 for b in range(bm.num_blocks) if cache.holds(b) and bm.ref_count[b] == 1)
+    kv.clear()  # must not evict the child's blocks
+    assert all(bm.ref_count[b] == 1 + cache.holds(b) for b in child.block_table)
 
 
 # -- a brute-force model: the cache holds a set of block-aligned prefixes -------------------------------
@@ -77,7 +78,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.max_len = max(2, num_blocks // 2 * block_size - 2)  # prompts leave room for others and decode
         self.alphabet = 2 if block_size > 1 else 3  # small, so prompts collide block by block
         self.bm = BlockManager(num_blocks, block_size, log=True)
-        self.cache = make_prefix_cache(self.kind, self.bm)
+        self.cache = make_prefix_cache(self.kind, block_size)
+        self.kv = KVManager(self.bm, self.cache)
         self.cached: dict[tuple[int, ...], int] = {}  # prefix -> block
         self.prefix_of: dict[int, tuple[int, ...]] = {}  # block -> prefix
         self.offered: dict[Sequence, int] = {}  # hash cache: blocks a sequence already offered
@@ -109,7 +111,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
                 assert block not in self.prefix_of, f"block {block} would cache two prefixes"
                 self.cached[prefix], self.prefix_of[block] = block, prefix
         self.offered[seq] = max(self.offered.get(seq, 0), num_full)
-        self.cache.cache_computed(seq)
+        self.kv.cache_computed(seq)
 
     def read_log(self) -> list[int]:
         """Apply the evictions logged since the last call; returns the evicted blocks."""
@@ -124,7 +126,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     def admit(self, seq: Sequence) -> None:
         expected = self.expected_match(seq.token_ids)
-        hit = self.cache.acquire(seq)
+        hit = self.kv.acquire(seq)
         assert seq.block_table == expected and hit == len(expected) * self.bs
         assert seq.num_computed_tokens == min(hit, len(seq) - 1)
         self.offered[seq] = 0
@@ -134,8 +136,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         """Scheduler.finish and preemption: offer the computed blocks, unlock, free."""
         if seq.block_table:
             self.offer(seq)
-        self.cache.release(seq)
-        self.bm.free(seq)
+        self.kv.free(seq)
         self.offered.pop(seq)
         self.seqs.remove(seq)
 
@@ -151,10 +152,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     def compute(self, seq: Sequence, n: int, token: int) -> bool:
         """One scheduled chunk: allocate, write (copies done), advance, sample at the end, offer."""
-        if not self.bm.can_allocate(seq, n):
+        if not self.kv.can_allocate(seq, n):
             return False
-        self.bm.allocate(seq, n)
-        self.bm.pending_copies.clear()
+        self.kv.allocate(seq, n)
+        self.kv.take_copies()
         self.read_log()
         seq.num_computed_tokens += n
         if seq.num_computed_tokens == len(seq):
@@ -186,9 +187,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         parent = data.draw(st.sampled_from(self.seqs))
         child = Sequence(parent.request_id, parent.prompt_token_ids, PARAMS, index=1, token_ids=list(parent.token_ids))
         child.num_computed_tokens = parent.num_computed_tokens
-        self.bm.fork(parent, child)
         self.offer(parent)  # PrefixCache.fork caches the parent's blocks first
-        self.cache.fork(parent, child)
+        self.kv.fork(parent, child)
         self.offered[child] = self.offered[parent]
         self.seqs.append(child)
 
@@ -220,7 +220,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def evict(self, num_blocks):
         lru_first = self.least_recently_used_evictable()
         evictable = self.cache.num_evictable_blocks()
-        freed = self.cache.evict(num_blocks)
+        freed = self.kv.evict(num_blocks)
         evicted = self.read_log()
         assert freed == len(evicted) and freed >= min(num_blocks, evictable)
         if evicted:
@@ -247,15 +247,15 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         free = list(self.bm.free_blocks)
         assert len(free) == len(set(free))
         for block in range(self.bm.num_blocks):
-            assert self.bm.ref_count[block] == holders[block]
+            assert self.bm.ref_count[block] == holders[block] + self.cache.holds(block)
             assert (block in free) != (holders[block] > 0 or self.cache.holds(block))
-        idle = {b for b in self.prefix_of if self.bm.ref_count[b] == 0}
-        assert self.bm.num_available_blocks <= self.bm.num_free_blocks + len(idle)
+        idle = {b for b in self.prefix_of if self.bm.ref_count[b] == 1}
+        assert self.kv.num_available_blocks <= self.bm.num_free_blocks + len(idle)
 
     @invariant()
     def evictable_count_matches_the_structure(self):
         if self.kind == "hash":
-            assert set(self.cache.idle) == {b for b in self.prefix_of if self.bm.ref_count[b] == 0}
+            assert set(self.cache.idle) == {b for b in self.prefix_of if self.bm.ref_count[b] == 1}
             assert self.cache.num_evictable_blocks() == len(self.cache.idle)
             return
         # radix: parents stay while a child does, and locks count the sequences below
@@ -267,10 +267,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert len(node.tokens) == len(node.blocks) * self.bs > 0
             assert node.depth == node.parent.depth + len(node.tokens)
             assert node.parent.children[node.tokens[: self.bs]] is node
-            holders = sum(1 for seq in self.seqs if seq.prefix_node is not None and is_below(seq.prefix_node, node))
+            holders = sum(1 for seq in self.seqs if seq.prefix_handle is not None and is_below(seq.prefix_handle, node))
             assert node.lock_ref == holders, "lock_ref is not the number of sequences holding the node"
             if node.lock_ref == 0:
-                assert all(self.bm.ref_count[b] == 0 for b in node.blocks), "an unlocked node's block is in use"
+                assert all(self.bm.ref_count[b] == 1 for b in node.blocks), "an unlocked node's block is in use"
                 unlocked += len(node.blocks)
         assert self.cache.num_evictable_blocks() == unlocked
 
@@ -279,7 +279,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             return
         for seq in list(self.seqs):
             self.drop(seq)
-        self.cache.clear()
+        self.kv.clear()
         self.read_log()
         assert self.cached == {} and self.cache.num_cached_blocks() == 0
         assert sorted(self.bm.free_blocks) == list(range(self.bm.num_blocks))
@@ -312,18 +312,16 @@ TestRadixPrefixCache.settings = STATEFUL
 
 
 # -- unit tests: the documented mechanics, one at a time ---------------------------------------------
-def serve(bm, cache, tokens):
+def serve(kv, tokens):
     """A whole request: admit onto the cache, prefill the rest, finish. Returns the blocks it read."""
     seq = Sequence("r", list(tokens), PARAMS)
-    cache.acquire(seq)
+    kv.acquire(seq)
     n = seq.num_uncomputed_tokens
-    bm.allocate(seq, n)
-    bm.pending_copies.clear()
+    kv.allocate(seq, n)
+    kv.take_copies()
     seq.num_computed_tokens += n
     blocks = list(seq.block_table)
-    cache.cache_computed(seq)
-    cache.release(seq)
-    bm.free(seq)
+    kv.finish(seq)
     return blocks
 
 
@@ -334,23 +332,24 @@ def evicted(bm, start):
 @pytest.mark.parametrize("block_size", [1, 2])
 def test_a_request_that_diverges_inside_an_edge_splits_the_node(block_size):
     bm = BlockManager(num_blocks=16, block_size=block_size)
-    cache = make_prefix_cache("radix", bm)
-    a = serve(bm, cache, [1, 2, 3, 4, 5, 6])
+    cache = make_prefix_cache("radix", bm.block_size)
+    kv = KVManager(bm, cache)
+    a = serve(kv, [1, 2, 3, 4, 5, 6])
     (node,) = cache.root.children.values()
     assert node.tokens == (1, 2, 3, 4, 5, 6) and node.blocks == a
 
     b = Sequence("b", [1, 2, 3, 4, 9, 9], PARAMS)
-    assert cache.acquire(b) == 4
+    assert kv.acquire(b) == 4
     assert b.block_table == a[: 4 // block_size]
     (upper,) = cache.root.children.values()
     assert upper.tokens == (1, 2, 3, 4) and upper.blocks == a[: 4 // block_size] and upper.lock_ref == 1
     (lower,) = upper.children.values()
     assert lower.tokens == (5, 6) and lower.blocks == a[4 // block_size :] and lower.lock_ref == 0
-    assert b.prefix_node is upper
+    assert b.prefix_handle is upper
 
-    bm.allocate(b, 2)
+    kv.allocate(b, 2)
     b.num_computed_tokens = 6
-    cache.cache_computed(b)
+    kv.cache_computed(b)
     assert sorted(upper.children) == [(5, 6)[:block_size], (9, 9)[:block_size]]
     assert cache.match([1, 2, 3, 4, 5, 6]) == a
     assert cache.match([1, 2, 3, 4, 9, 9]) == a[: 4 // block_size] + b.block_table[4 // block_size :]
@@ -360,13 +359,14 @@ def test_a_request_that_diverges_inside_an_edge_splits_the_node(block_size):
 @pytest.mark.parametrize("kind", ["hash", "radix"])
 def test_eviction_takes_the_least_recently_used_first(kind):
     bm = BlockManager(num_blocks=6, block_size=2, log=True)
-    cache = make_prefix_cache(kind, bm)
+    cache = make_prefix_cache(kind, bm.block_size)
+    kv = KVManager(bm, cache)
     prompts = {name: [t] * 4 for t, name in enumerate("abc", 1)}
-    blocks = {name: serve(bm, cache, p) for name, p in prompts.items()}
+    blocks = {name: serve(kv, p) for name, p in prompts.items()}
     assert cache.match(prompts["a"]) == blocks["a"]  # a hit makes a the most recently used
     for name in ["b", "c", "a"]:
         start = len(bm.log)
-        assert cache.evict(2) == 2
+        assert kv.evict(2) == 2
         assert sorted(evicted(bm, start)) == sorted(blocks[name])
         assert cache.match(prompts[name]) == []
     assert cache.num_cached_blocks() == 0
@@ -374,17 +374,18 @@ def test_eviction_takes_the_least_recently_used_first(kind):
 
 def test_evicting_a_leaf_keeps_its_parent_matching():
     bm = BlockManager(num_blocks=8, block_size=2, log=True)
-    cache = make_prefix_cache("radix", bm)
+    cache = make_prefix_cache("radix", bm.block_size)
+    kv = KVManager(bm, cache)
     shared = [1, 2, 3, 4]
-    a = serve(bm, cache, shared + [5, 6])
-    b = serve(bm, cache, shared + [7, 8])
+    a = serve(kv, shared + [5, 6])
+    b = serve(kv, shared + [7, 8])
     start = len(bm.log)
-    assert cache.evict(1) == 1  # a's own block: the least recently used leaf
+    assert kv.evict(1) == 1  # a's own block: the least recently used leaf
     assert evicted(bm, start) == a[2:]
     assert cache.match(shared + [5, 6]) == a[:2] == b[:2]
     assert cache.match(shared + [7, 8]) == b
-    assert cache.evict(1) == 1 and cache.match(shared + [7, 8]) == b[:2]  # now the shared node is a leaf
-    assert cache.evict(2) == 2 and cache.match(shared) == []
+    assert kv.evict(1) == 1 and cache.match(shared + [7, 8]) == b[:2]  # now the shared node is a leaf
+    assert kv.evict(2) == 2 and cache.match(shared) == []
 
 
 def test_hash_cache_evicts_a_chain_from_its_tail():
@@ -394,23 +395,25 @@ def test_hash_cache_evicts_a_chain_from_its_tail():
     the rest held but unreachable.)
     """
     bm = BlockManager(num_blocks=4, block_size=2, log=True)
-    cache = make_prefix_cache("hash", bm)
-    a = serve(bm, cache, [1, 1, 2, 2, 3, 3])
+    cache = make_prefix_cache("hash", bm.block_size)
+    kv = KVManager(bm, cache)
+    a = serve(kv, [1, 1, 2, 2, 3, 3])
     assert cache.match([1, 1, 2, 2, 3, 3]) == a
     start = len(bm.log)
-    assert cache.evict(1) == 1 and evicted(bm, start) == a[2:]
+    assert kv.evict(1) == 1 and evicted(bm, start) == a[2:]
     assert cache.match([1, 1, 2, 2, 3, 3]) == a[:2] and cache.num_cached_blocks() == 2
 
 
 @pytest.mark.parametrize("kind", ["hash", "radix"])
 def test_a_fully_cached_prompt_recomputes_its_last_token_into_a_copy(kind):
     bm = BlockManager(num_blocks=4, block_size=2)
-    cache = make_prefix_cache(kind, bm)
-    a = serve(bm, cache, [1, 2, 3, 4])
+    cache = make_prefix_cache(kind, bm.block_size)
+    kv = KVManager(bm, cache)
+    a = serve(kv, [1, 2, 3, 4])
     seq = Sequence("b", [1, 2, 3, 4], PARAMS)
-    assert cache.acquire(seq) == 4 and seq.num_computed_tokens == 3  # its logits give the first token
+    assert kv.acquire(seq) == 4 and seq.num_computed_tokens == 3  # its logits give the first token
     assert bm.num_blocks_needed(seq, 1) == 1
-    bm.allocate(seq, 1)
+    kv.allocate(seq, 1)
     assert bm.pending_copies == [(a[1], seq.block_table[1])] and seq.block_table[0] == a[0]
     assert cache.match([1, 2, 3, 4]) == a  # the cached block itself is never written
 
@@ -418,18 +421,17 @@ def test_a_fully_cached_prompt_recomputes_its_last_token_into_a_copy(kind):
 @pytest.mark.parametrize("kind", ["hash", "radix"])
 def test_stats_count_a_preempted_request_once(kind):
     bm = BlockManager(num_blocks=8, block_size=2)
-    cache = make_prefix_cache(kind, bm)
-    serve(bm, cache, [1, 2, 3, 4])
+    cache = make_prefix_cache(kind, bm.block_size)
+    kv = KVManager(bm, cache)
+    serve(kv, [1, 2, 3, 4])
     seq = Sequence("r", [1, 2, 3, 4, 5], PARAMS)
     for _ in range(2):  # admitted, preempted (Scheduler._preempt), readmitted
-        cache.acquire(seq)
-        bm.allocate(seq, seq.num_uncomputed_tokens)
-        cache.record_admission(seq)
+        kv.acquire(seq)
+        kv.allocate(seq, seq.num_uncomputed_tokens)
+        kv.record_admission(seq)
         seq.num_computed_tokens = len(seq)
         seq.token_ids.append(0)
-        cache.cache_computed(seq)
-        cache.release(seq)
-        bm.free(seq)
+        kv.finish(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
     assert (cache.stats.num_queries, cache.stats.query_tokens, cache.stats.hit_tokens) == (1, 5, 4)

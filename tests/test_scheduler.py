@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nano_infer.config import EngineConfig
 from nano_infer.kv import BlockManager
+from nano_infer.kv.manager import KVManager
 from nano_infer.prefix import make_prefix_cache
 from nano_infer.sampling_params import SamplingParams
 from nano_infer.scheduler import Scheduler
@@ -70,8 +72,9 @@ class EngineLoop:
     def __init__(self, w: Workload):
         self.w = w
         self.bm = BlockManager(w.num_blocks, w.block_size)
-        self.cache = make_prefix_cache(w.cache, self.bm)
-        self.scheduler = Scheduler(self.bm, self.cache, max_num_seqs=w.max_num_seqs,
+        self.cache = make_prefix_cache(w.cache, w.block_size)
+        self.kv = KVManager(self.bm, self.cache)
+        self.scheduler = Scheduler(self.kv, max_num_seqs=w.max_num_seqs,
                                    max_num_batched_tokens=w.max_num_batched_tokens, policy=w.policy,
                                    mode=w.mode, chunked_prefill=w.chunked_prefill)
         self.pool: dict[int, tuple[int, ...]] = {}
@@ -92,7 +95,8 @@ class EngineLoop:
         sched, bs = self.scheduler, self.w.block_size
         running_before, waiting_before = list(sched.running), list(sched.waiting)
         out = sched.schedule()
-        seqs = [seq for seq, _ in out.scheduled]
+        seqs = [e.seq for e in out.scheduled]
+        work = [(e.seq, e.num_tokens) for e in out.scheduled]
 
         # budget and batch limits
         assert out.scheduled or out.preempted, "a step with work left scheduled nothing"
@@ -102,7 +106,7 @@ class EngineLoop:
         else:  # a whole prompt larger than the budget may run, alone
             assert out.num_batched_tokens <= self.w.max_num_batched_tokens or len(seqs) == 1
         assert len(seqs) <= self.w.max_num_seqs and len(sched.running) <= self.w.max_num_seqs
-        for seq, n in out.scheduled:
+        for seq, n in work:
             assert 1 <= n <= seq.num_uncomputed_tokens
             assert seq.status is SequenceStatus.RUNNING and seq in sched.running
 
@@ -122,7 +126,7 @@ class EngineLoop:
         assert list(sched.waiting)[:k] == out.preempted[::-1]
         for seq in out.preempted:
             assert seq not in seqs and seq.status is SequenceStatus.WAITING
-            assert seq.num_computed_tokens == 0 and seq.block_table == [] and seq.prefix_node is None
+            assert seq.num_computed_tokens == 0 and seq.block_table == [] and seq.prefix_handle is None
         self.num_preemptions += k
         for seq in new:  # restarts from scratch, or from its cache hit
             if self.cache is None:
@@ -131,10 +135,9 @@ class EngineLoop:
                 assert seq.num_computed_tokens % bs == 0 or seq.num_computed_tokens == len(seq) - 1
 
         # the runner: block copies, then K/V writes
-        copies, self.bm.pending_copies = self.bm.pending_copies, []
-        apply_block_copies(self.pool, copies, bs)
+        apply_block_copies(self.pool, out.copies, bs)
         written = set()
-        for seq, n in out.scheduled:
+        for seq, n in work:
             for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
                 slot = self.bm.slot(seq, pos)
                 assert slot not in written
@@ -142,23 +145,21 @@ class EngineLoop:
                 self.pool[slot] = tuple(seq.token_ids[: pos + 1])
 
         # LLMEngine.step: advance, sample at the end of the sequence, finish at max_tokens
-        for seq, n in out.scheduled:
+        for seq, n in work:
             sample = seq.num_computed_tokens + n == len(seq)
             seq.num_computed_tokens += n
             if sample:
                 seq.token_ids.append(output_token(self.request_of[seq], seq.num_output_tokens))
                 if seq.num_output_tokens >= seq.params.max_tokens:
                     sched.finish(seq, "length")
-        if self.cache is not None:
-            for seq in seqs:
-                if not seq.is_finished:
-                    self.cache.cache_computed(seq)
+        sched.update_from_output(out)
         self.check_blocks()
 
     def check_blocks(self) -> None:
         holders = Counter(b for seq in self.scheduler.running for b in seq.block_table)
         assert all(not seq.block_table for seq in self.scheduler.waiting)
-        assert all(self.bm.ref_count[b] == holders[b] for b in range(self.bm.num_blocks))
+        # block tables, and the prefix cache's own reference on each block it keeps
+        assert all(self.bm.ref_count[b] == holders[b] + self.kv.holds(b) for b in range(self.bm.num_blocks))
         assert len(set(self.bm.free_blocks)) == self.bm.num_free_blocks
         for seq in self.scheduler.running:
             for pos in range(seq.num_computed_tokens):
@@ -172,10 +173,10 @@ class EngineLoop:
         total_tokens = sum(len(p) + m for _, p, m in w.requests)
         max_steps = max(a for a, _, _ in w.requests) + 2 * total_tokens * len(w.requests) + 10
         step = 0
-        while arrivals or self.scheduler.has_unfinished():
+        while arrivals or self.scheduler.waiting or self.scheduler.running:
             while arrivals and w.requests[arrivals[0]][0] <= step:
                 self.add(arrivals.pop(0))
-            if self.scheduler.has_unfinished():
+            if self.scheduler.waiting or self.scheduler.running:
                 self.step()
             step += 1
             assert step <= max_steps, f"no progress: {step} steps for {total_tokens} tokens (livelock)"
@@ -190,7 +191,7 @@ class EngineLoop:
         if self.cache is not None:
             assert self.cache.stats.num_queries == len(self.seqs)
             assert self.cache.stats.query_tokens == sum(len(p) for _, p, _ in self.w.requests)
-            self.cache.clear()
+            self.kv.clear()
             assert self.cache.num_cached_blocks() == 0
             if self.w.cache == "radix":
                 assert all(node.lock_ref == 0 for node in self.cache.nodes())
@@ -219,7 +220,7 @@ def test_chunked_prefill_shares_a_step_with_decodes():
     loop.step()  # prefill of r0
     loop.add(1)
     out = loop.scheduler.schedule()
-    assert [(s.request_id, n) for s, n in out.scheduled] == [("r0", 1), ("r1", 3)]
+    assert [(e.seq.request_id, e.num_tokens) for e in out.scheduled] == [("r0", 1), ("r1", 3)]
 
 
 def test_a_full_pool_preempts_the_most_recent_request_and_it_recomputes_from_zero():
@@ -247,7 +248,7 @@ def test_static_batching_waits_for_the_whole_batch():
         loop.step()
     assert not loop.scheduler.running
     loop.step()
-    assert not loop.scheduler.has_unfinished()
+    assert not loop.scheduler.waiting and not loop.scheduler.running
     loop.check_finished()
 
 
@@ -262,12 +263,14 @@ def test_lpm_admits_the_longest_cached_prefix_first(monkeypatch, max_queue, admi
     loop.add(1)
     loop.add(2)
     out = loop.scheduler.schedule()
-    assert [s.request_id for s, _ in out.scheduled] == [admitted]
+    assert [e.seq.request_id for e in out.scheduled] == [admitted]
     if admitted == "r2":
-        assert out.scheduled[0][0].num_computed_tokens == 4
+        assert out.scheduled[0].seq.num_computed_tokens == 4
 
 
-@pytest.mark.parametrize("kwargs", [dict(policy="lpm"), dict(policy="bad"), dict(mode="bad")])
+@pytest.mark.parametrize("kwargs", [dict(scheduler_policy="lpm", prefix_cache=None), dict(scheduler_policy="bad"),
+                                    dict(scheduler="bad")])
 def test_bad_options_are_rejected(kwargs):
+    """...by EngineConfig, before any weights load."""
     with pytest.raises(ValueError):
-        Scheduler(BlockManager(4, 2), None, max_num_seqs=1, max_num_batched_tokens=1, **kwargs)
+        EngineConfig(**kwargs)

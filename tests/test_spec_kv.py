@@ -20,26 +20,25 @@ class SpecMachine(PooledMachine):
         seq = data.draw(st.sampled_from([s for s in self.seqs if s.num_uncomputed_tokens == 1]))
         proposal = data.draw(st.lists(TOKENS, min_size=1, max_size=4))
         n = 1 + len(proposal)
-        if not self.bm.can_allocate(seq, n):
+        if not self.kv.can_allocate(seq, n):
             return
-        self.bm.allocate(seq, n)
-        copies, self.bm.pending_copies = self.bm.pending_copies, []
+        self.kv.allocate(seq, n)
+        copies = self.kv.take_copies()
         apply_block_copies(self.pool, copies, self.bm.block_size)
         known = seq.token_ids + proposal
         start = seq.num_computed_tokens
         for pos in range(start, start + n):  # the verify pass writes K/V for every proposal
             self.pool[self.bm.slot(seq, pos)] = tuple(known[: pos + 1])
         accepted = data.draw(st.integers(0, len(proposal)))
-        # LLMEngine._append_verified: accepted proposals, then one corrected/bonus token differing from
+        # SpeculativeDecoder._append_verified: accepted proposals, then one corrected/bonus token differing from
         # the rejected proposal (the rejected one was written into the pool above)
         bonus = data.draw(TOKENS.filter(lambda t: accepted == len(proposal) or t != proposal[accepted]))
         for token in proposal[:accepted] + [bonus]:
             seq.num_computed_tokens = len(seq)
             seq.token_ids.append(token)
-        self.bm.truncate(seq, seq.num_computed_tokens)
+        self.kv.truncate(seq, seq.num_computed_tokens)
         assert len(seq.block_table) == blocks_for(seq.num_computed_tokens, self.bm.block_size)
-        if self.cache is not None:
-            self.cache.cache_computed(seq)
+        self.kv.cache_computed(seq)
 
 
 class NoCacheSpec(SpecMachine):

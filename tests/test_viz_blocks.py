@@ -15,7 +15,7 @@ def forked(qwen2_dir):
               record_steps=True, log_blocks=True, max_model_len=256)
     prompt = [(5 * i) % 200 + 3 for i in range(PROMPT_LEN)]
     llm.generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(n=3, temperature=1.0, seed=0, max_tokens=6, ignore_eos=True))
-    return llm.engine.history, llm.engine.kv.log
+    return llm.engine.history, llm.engine.kv.blocks.log
 
 
 def _cells(fig):

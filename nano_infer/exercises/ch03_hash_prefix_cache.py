@@ -15,13 +15,13 @@ _tokens = st.lists(st.integers(0, 3), max_size=14)
 def _hashes_by_engine(token_ids: list[int], block_size: int) -> list[int]:
     """The chain of hashes HashPrefixCache computes for a sequence whose tokens are all computed."""
     manager = BlockManager(64, block_size)
-    cache = HashPrefixCache(manager)
+    cache = HashPrefixCache(block_size)
     seq = Sequence("x", list(token_ids) or [0], SamplingParams())
     seq.token_ids = list(token_ids)
     seq.num_computed_tokens = len(token_ids)
     manager.allocate(seq, 0)
     cache.cache_computed(seq)
-    return list(seq.block_hashes)
+    return list(seq.prefix_handle or [])
 
 
 @exercise

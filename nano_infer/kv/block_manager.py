@@ -27,7 +27,7 @@ class NoFreeBlocksError(RuntimeError):
 class BlockEvent:
     """One line of the optional allocation log: who took or released which block, and what is left."""
 
-    op: str  # "alloc" | "free" | "share" | "cow"
+    op: str  # "alloc" | "free" | "share" | "cow" | "evict"
     seq_id: int | None
     block_id: int
     ref_count: int
@@ -61,12 +61,13 @@ class BlockManager:
         self.ref_count[block] += 1
         self._record("share", seq, block)
 
-    def decref(self, block: int, seq: Sequence | None = None) -> None:
+    def decref(self, block: int, seq: Sequence | None = None, op: str = "free") -> None:
+        """Drop one reference (`op` names it in the log: "evict" when the prefix cache lets go)."""
         assert self.ref_count[block] > 0, f"block {block} freed twice"
         self.ref_count[block] -= 1
         if self.ref_count[block] == 0:
             self.free_blocks.append(block)
-        self._record("free", seq, block)
+        self._record(op, seq, block)
 
     def _take_block(self, seq: Sequence) -> int:
         if not self.free_blocks:

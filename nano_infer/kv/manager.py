@@ -93,7 +93,7 @@ class KVManager:
         freed = self.prefix_cache.evict(num_blocks)
         for block in freed:
             assert self.blocks.ref_count[block] == 1, f"evicting block {block} still in use"
-            self.blocks.decref(block)
+            self.blocks.decref(block, op="evict")
         self.num_evicted_blocks += len(freed)
         return len(freed)
 

@@ -49,19 +49,19 @@ class TreeSnapshot:
         return tuple((n.key, n.start, n.end, n.lock_ref) for n in self.nodes)
 
 
-def snapshot(cache, decode=None, title: str = "") -> TreeSnapshot:
-    """Copy the tree of a RadixPrefixCache now (walks `cache.nodes()`, parents before children).
+def snapshot(kv, decode=None, title: str = "") -> TreeSnapshot:
+    """Copy the radix tree of a KVManager now (walks `kv.prefix_cache.nodes()`, parents before children).
 
     `decode(token_ids) -> str` labels the edges (e.g. `tokenizer.decode`); default: the ids.
     """
-    views = []
+    views, cache = [], kv.prefix_cache
     for node in cache.nodes():
         text = decode(list(node.tokens)) if decode is not None else " ".join(map(str, node.tokens))
         views.append(NodeView(
             key=id(node), parent=None if node.parent is cache.root else id(node.parent),
             start=node.depth - len(node.tokens), end=node.depth, blocks=list(node.blocks),
             lock_ref=node.lock_ref, last_access=node.last_access, text=text, is_leaf=not node.children))
-    return TreeSnapshot(title, views, cache.block_manager.num_free_blocks)
+    return TreeSnapshot(title, views, kv.num_free_blocks)
 
 
 def _rows(nodes: list[NodeView]) -> dict[int, float]:
@@ -155,7 +155,7 @@ def tree_stepper(snapshots: list[TreeSnapshot]) -> go.Figure:
     return stepper(lambda i: tree_figure(snapshots[i], max_tokens), len(snapshots), "snapshot", 700)
 
 
-def record_tree(cache, decode=None):
+def record_tree(kv, decode=None):
     """An `on_step(engine, outputs)` callback for `bench.prefix.run_staggered` and the list it fills.
 
     It snapshots the tree after every engine step whose picture differs from the last one,
@@ -169,7 +169,7 @@ def record_tree(cache, decode=None):
         title = f"step {engine.num_steps}: running {', '.join(running) or '-'}"
         if done:
             title += f"; finished {', '.join(done)}"
-        snap = snapshot(cache, decode, title)
+        snap = snapshot(kv, decode, title)
         if not snaps or snap.signature != snaps[-1].signature:
             snaps.append(snap)
 
