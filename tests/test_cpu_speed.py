@@ -18,7 +18,7 @@ from torch import nn
 from nano_infer import LLM, SamplingParams
 from nano_infer.cpu_allocator import keep_freed_memory
 from nano_infer.models import packed
-from nano_infer.models.packed import PackedLinear, can_pack, pack_linears
+from nano_infer.models.packed import PackedLinear, can_pack
 from nano_infer.sampling import greedy_tokens
 
 needs_packing = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16),

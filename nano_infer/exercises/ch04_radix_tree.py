@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
-from .core import Mismatch, call, exercise, expect, forall
+from .core import call, exercise, expect, forall
 
 
 @dataclass(eq=False)

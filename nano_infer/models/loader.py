@@ -14,7 +14,6 @@ dequantized (with the `gguf` package) to the engine's dtype as it is read.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
