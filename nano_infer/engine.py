@@ -81,7 +81,7 @@ class LLMEngine:
         self.recorder = StepRecorder() if cfg.record_steps else None
         self.plugins = [p for p in (self.spec, self.recorder) if p is not None]  # in the order their hooks run
         self.requests: dict[str, Request] = {}
-        self.outputs = OutputProcessor(self.requests, self.scheduler, self.kv, self.tokenizer, self.eos_token_ids,
+        self.output_processor = OutputProcessor(self.requests, self.scheduler, self.kv, self.tokenizer, self.eos_token_ids,
                                        self.max_model_len, self.device)
         self.num_steps = 0
         self.startup_line = self._describe(dtype_reason)
@@ -146,8 +146,8 @@ class LLMEngine:
         constraint = self._build_constraint(params, constraint_index)
         fork = params.n > 1 and self.config.kv_cache == "paged"
         req = Request(request_id, prompt, prompt_token_ids, params, [], RequestMetrics(arrival_time or time.perf_counter()),
-                      stream, constraint=constraint, tokenizer=self.tokenizer)
-        req.seqs = [req.new_sequence(i, self.device) for i in range(1 if fork else params.n)]
+                      stream, constraint=constraint)
+        req.seqs = [req.new_sequence(i, self.device, self.tokenizer) for i in range(1 if fork else params.n)]
         req.seqs[0].num_pending_forks = params.n - 1 if fork else 0
         self.requests[request_id] = req
         for seq in req.seqs:
@@ -216,7 +216,7 @@ class LLMEngine:
         for seq in req.seqs:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
-        return self.outputs.output(req)
+        return self.output_processor.output(req)
 
     # -- one step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -228,17 +228,17 @@ class LLMEngine:
         for plugin in self.plugins:
             plugin.adjust(batch, self.runner)  # speculation proposes
         logits = self.runner.run(batch.scheduled, batch.copies)
-        self.outputs.process(batch, logits, self.plugins)  # sample, verify, append, stop
+        self.output_processor.process(batch, logits, self.plugins)  # sample, verify, append, stop
         self.scheduler.update_from_output(batch)  # full computed blocks into the prefix cache
         self.num_steps += 1
         for plugin in self.plugins:
             plugin.after_step(self, batch, start)
-        return self.outputs.outputs(start)
+        return self.output_processor.step_outputs(start)
 
     # -- introspection -----------------------------------------------------------------------
     @property
     def num_generated_tokens(self) -> int:
-        return self.outputs.num_generated_tokens
+        return self.output_processor.num_generated_tokens
 
     @property
     def history(self):

@@ -3,7 +3,8 @@
 For each scheduled sequence the step computes tokens [num_computed, num_computed + n):
 their ids and positions go into the packed batch, their slots (where K/V is written) into
 the slot mapping. A sequence samples a token only when the step reaches its last known
-token; a prefill chunk in the middle of a prompt produces no logits.
+token; a prefill chunk in the middle of a prompt produces no logits, unless its request scores
+the prompt (prompt logprobs): then each prompt position it computes has a row.
 
 A step is packed in two stages: `pack` turns the scheduled sequences into a `StepInput` of
 plain lists (what a tensor-parallel driver sends its workers), `build` turns that into the
@@ -45,7 +46,7 @@ class StepInput:
     prefills: list[tuple[int, int, int, list[int] | None]]  # (q_start, q_len, context_len, block_table)
     # (first row, block tables padded, context lens, query tokens per sequence: 1, or 1 + proposals for a verify)
     decodes: list[tuple[int, list[list[int]], list[int], int]]
-    sample_rows: list[int]  # rows whose logits are returned, in scheduled order (every row of a verify)
+    sample_rows: list[int]  # rows whose logits are returned, in scheduled order (ScheduledSeq.num_logit_rows each)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks, before the step
 
 
@@ -77,8 +78,8 @@ class ModelRunner:
     def pack(self, scheduled: list[ScheduledSeq], copies: list[tuple[int, int]] | None = None) -> StepInput:
         """Decodes (and verify rows) come first, grouped by query length and sorted by context length,
         so every decode batch is one contiguous run of rows; prefill chunks follow. Logit rows are
-        listed in `scheduled` order: the last row of an entry that reaches its last known token,
-        every row of a verify."""
+        listed in `scheduled` order: each entry's last `num_logit_rows` (the row that samples, every
+        row of a verify, the prompt rows of a prompt being scored)."""
         cached = self.kv_pool is not None
         decodes = sorted((i for i, e in enumerate(scheduled) if cached and e.is_decode),
                          key=lambda i: (scheduled[i].num_tokens, scheduled[i].start))

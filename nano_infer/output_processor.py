@@ -2,11 +2,13 @@
 
 After the forward pass every scheduled entry is one of three things: a prefill chunk short of
 the prompt's end (no logits: its K/V is simply computed now), an entry whose rows a plug-in
-claims (a speculative verify), or an entry that samples one token. Sampling is one batched
-draw; a request with n > 1 forks its other samples off the first right here, once its prompt
-is computed, so they all draw from the same logit row. Each token then goes through the same
-path: logprobs, constraint, detokenizer, stop checks. Anything that raises while handling one
-request ends that request alone (`RequestOutput.error`); the step goes on for the others.
+claims (a speculative verify), or an entry that samples one token. An entry of a request that
+asks for prompt logprobs also has the rows of the prompt positions it computed: they are scored
+first (logprobs.py). Sampling is one batched draw; a request with n > 1 forks its other samples
+off the first right here, once its prompt is computed, so they all draw from the same logit row.
+Each token then goes through the same path: logprobs, constraint, detokenizer, stop checks.
+Anything that raises while handling one request ends that request alone (`RequestOutput.error`);
+the step goes on for the others.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import time
 
 import torch
 
+from .logprobs import logprob_entries, score_prompts
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .request import Request
 from .sampling import sample
@@ -35,19 +38,24 @@ class OutputProcessor:
 
     # -- one step ---------------------------------------------------------------------------------
     def process(self, batch, logits: torch.Tensor, plugins) -> None:
-        """Hand each entry's logit rows to the plug-in that claims them, sample the rest."""
+        """Score prompt rows, hand each entry's sample rows to the plug-in that claims them, sample the rest."""
         self.touched = {}
-        samplers, rows, claimed, row = [], [], {}, 0
+        samplers, rows, claimed, scored, row = [], [], {}, [], 0
         for entry in batch.scheduled:
+            prompt_rows, sample_row = entry.num_prompt_logit_rows, row + entry.num_prompt_logit_rows
+            if prompt_rows:
+                scored.append((entry, row, prompt_rows))
             owner = next((p for p in plugins if p.claims(entry)), None)
             if owner is not None:
-                claimed.setdefault(owner, []).append((entry, row))
+                claimed.setdefault(owner, []).append((entry, sample_row))
             else:
-                if entry.num_logit_rows:
+                if entry.num_sample_rows:
                     samplers.append(entry.seq)
-                    rows.append(row)
+                    rows.append(sample_row)
                 entry.seq.num_computed_tokens = entry.end
-            row += entry.num_logit_rows
+            row = sample_row + entry.num_sample_rows
+        if scored:
+            score_prompts(logits, scored)
         if samplers:
             self._sample(logits, samplers, rows)
         for plugin, items in claimed.items():
@@ -95,7 +103,7 @@ class OutputProcessor:
         """n > 1: the other samples share the prompt's blocks with the first (copy-on-write later)."""
         children = []
         for index in range(1, parent.num_pending_forks + 1):
-            child = req.new_sequence(index, self.device, parent)
+            child = req.new_sequence(index, self.device, self.tokenizer, parent)
             child.num_computed_tokens = parent.num_computed_tokens
             child.num_cached_tokens = parent.num_cached_tokens
             self.kv.fork(parent, child)
@@ -155,7 +163,7 @@ class OutputProcessor:
         return None, None
 
     # -- outputs ----------------------------------------------------------------------------------
-    def outputs(self, start: float) -> list[RequestOutput]:
+    def step_outputs(self, start: float) -> list[RequestOutput]:
         """A RequestOutput for each request touched this step that finished, or that streams."""
         outputs, now = [], time.perf_counter()
         for req in self.touched.values():
@@ -173,7 +181,9 @@ class OutputProcessor:
                                  None if s.logprobs is None else list(s.logprobs))
                 for s in sorted(req.seqs, key=lambda s: s.index)]
         req.metrics.num_preemptions = sum(s.num_preemptions for s in req.seqs)
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished, req.metrics, req.error)
+        scores = req.seqs[0].prompt_logprobs  # the first sample scores the prompt
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished, req.metrics, req.error,
+                             None if scores is None else list(scores))
 
     def _text(self, seq: Sequence) -> str:
         if seq.detokenizer is not None:
@@ -204,14 +214,5 @@ def token_logprobs(logits: torch.Tensor, samplers: list[Sequence], tokens: list)
     rows = [i for i, seq in enumerate(samplers) if seq.params.logprobs is not None and isinstance(tokens[i], int)]
     if not rows:
         return {}
-    lp = logits[rows].float().log_softmax(dim=-1)
-    out = {}
-    for lp_row, i in zip(lp, rows):
-        token = tokens[i]
-        entry = {token: Logprob(lp_row[token].item(), int((lp_row > lp_row[token]).sum()) + 1)}
-        top = lp_row.topk(samplers[i].params.logprobs) if samplers[i].params.logprobs else None
-        if top is not None:
-            for rank, (value, tid) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
-                entry.setdefault(tid, Logprob(value, rank))
-        out[i] = entry
-    return out
+    entries = logprob_entries(logits[rows], [tokens[i] for i in rows], [samplers[i].params.logprobs for i in rows])
+    return dict(zip(rows, entries))

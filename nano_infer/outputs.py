@@ -50,6 +50,9 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     # set when this request failed inside a step (the others in the step carry on); it is then finished
     error: Exception | None = None
+    # with SamplingParams(prompt_logprobs=k): per prompt token, None for the first, then the token and the k
+    # most likely given the tokens before it
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def num_cached_tokens(self) -> int:

@@ -22,6 +22,10 @@ from .sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
 Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]  # strict floats take ints, never bools or strings
 Seed = Annotated[StrictInt, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
 MAX_N = 128  # samples per request
+# choices per request (prompts x n): a sequence each, as many as one batch holds at the default max_num_seqs
+MAX_CHOICES = 256
+# logprob entries one reply may carry (~40 bytes of JSON each): an echoed prompt's tokens count with the generated
+MAX_REPLY_LOGPROBS = 2**20
 JSON_OBJECT = {"type": "object"}  # what response_format json_object asks for: any JSON object
 
 
@@ -106,8 +110,9 @@ class _GenerateBody(_Body):
 
 
 class CompletionBody(_GenerateBody):
-    prompt: StrictStr | list[StrictInt] | list[StrictStr]
-    max_tokens: StrictInt | None = Field(16, ge=1)  # OpenAI's default for completions
+    # OpenAI's four forms: a string, strings, token ids, lists of token ids (completion_prompts)
+    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = Field(16, ge=0)  # OpenAI's default for completions; 0 only with echo
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: StrictBool = False
     best_of: StrictInt | None = Field(None, ge=1)
@@ -135,7 +140,43 @@ class ChatBody(_GenerateBody):
     parallel_tool_calls: StrictBool | None = None  # meaningful only with tools, which must be empty
 
 
-def sampling_params(body: _GenerateBody, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def completion_prompts(body: CompletionBody) -> list[str | list[int]]:
+    """The prompts of a /v1/completions body, whichever of OpenAI's forms it used."""
+    p = body.prompt
+    prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
+    if not prompts:
+        raise ProtocolError("prompt: give at least one prompt", param="prompt")
+    if len(prompts) * body.n > MAX_CHOICES:
+        raise ProtocolError(f"prompt: {len(prompts)} prompts x n={body.n} are {len(prompts) * body.n} choices; at most "
+                            f"{MAX_CHOICES} per request", param="prompt")
+    if body.max_tokens == 0 and not body.echo:
+        raise ProtocolError("max_tokens: 0 is for echo: true only (the prompt back, with its logprobs)", param="max_tokens")
+    return prompts
+
+
+def max_prompt_tokens(prompt: str | list[int], max_model_len: int) -> int:
+    """At most how many tokens `prompt` is, before tokenizing it: a token spells at least one byte of
+    the text (and a tokenizer may add a leading space)."""
+    if isinstance(prompt, list):
+        return len(prompt)
+    return min(max_model_len, len(prompt.encode("utf-8", "surrogatepass")) + 1)
+
+
+def check_reply_size(echoed: list[int], n: int, max_tokens: int | None, logprobs: int | None, max_model_len: int) -> None:
+    """Refuse a request whose reply could carry more than MAX_REPLY_LOGPROBS logprob entries: per
+    prompt, n x (its echoed tokens + max_tokens) x (logprobs + 1). `echoed` has one count per prompt."""
+    if logprobs is None:
+        return
+    generated = max_model_len if max_tokens is None else max_tokens
+    size = sum(n * (tokens + generated) * (logprobs + 1) for tokens in echoed)
+    if size > MAX_REPLY_LOGPROBS:
+        raise ProtocolError(f"logprobs: the reply could carry {size:,} logprobs (prompts x n x (echoed prompt tokens + "
+                            f"max_tokens) x (logprobs + 1)), more than {MAX_REPLY_LOGPROBS:,}; ask for fewer prompts, "
+                            f"samples, tokens or logprobs", param="logprobs")
+
+
+def sampling_params(body: _GenerateBody, max_tokens: int | None, logprobs: int | None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
     """The SamplingParams `body` asks for; ProtocolError (400) for anything it cannot honour."""
     for name, neutral in NEUTRAL.items():
         value = getattr(body, name, None)
@@ -149,7 +190,8 @@ def sampling_params(body: _GenerateBody, max_tokens: int | None, logprobs: int |
         return SamplingParams(n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                               max_tokens=max_tokens, stop=body.stop, seed=body.seed, ignore_eos=body.ignore_eos,
                               stop_token_ids=body.stop_token_ids, skip_special_tokens=body.skip_special_tokens,
-                              regex=regex, json_schema=schema, choice=choice, logprobs=logprobs)
+                              regex=regex, json_schema=schema, choice=choice, logprobs=logprobs,
+                              prompt_logprobs=prompt_logprobs)
     except ValueError as e:
         raise ProtocolError(str(e).replace("SamplingParams.", ""), param=_param_of(str(e))) from e
 

@@ -35,7 +35,6 @@ class Request:
     stream: bool = False
     error: Exception | None = None  # what failed it inside a step
     constraint: object = None  # the first sequence's constraint; each fork gets its own copy
-    tokenizer: object = None  # for a detokenizer per sequence, when text is needed while running
 
     @property
     def pending_forks(self) -> int:
@@ -45,7 +44,7 @@ class Request:
     def finished(self) -> bool:
         return all(s.is_finished for s in self.seqs) and not self.pending_forks
 
-    def new_sequence(self, index: int, device, parent: Sequence | None = None) -> Sequence:
+    def new_sequence(self, index: int, device, tokenizer, parent: Sequence | None = None) -> Sequence:
         """Sample `index` of this request: fresh, or a fork carrying `parent`'s tokens so far."""
         params = self.params
         seq = Sequence(self.request_id, list(self.prompt_token_ids), params, index=index,
@@ -57,6 +56,8 @@ class Request:
             seq.constraint = source if parent is None and index == 0 else source.fork()
         if params.logprobs is not None:
             seq.logprobs = list(parent.logprobs) if parent is not None and parent.logprobs is not None else []
+        if params.prompt_logprobs is not None and index == 0:
+            seq.prompt_logprobs = [None]  # the first token has no context to be scored in
         if self.stream or params.stop:  # text is needed while running; otherwise decode once at the end
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
+            seq.detokenizer = IncrementalDetokenizer(tokenizer, params.skip_special_tokens)
         return seq

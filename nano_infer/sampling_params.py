@@ -33,7 +33,9 @@ class SamplingParams:
     `regex`, `json_schema` and `choice` constrain the output (stage 07). `logprobs=k`
     returns, at each step, the sampled token's log-probability and those of the k most
     likely tokens, in the model's raw distribution (before temperature, top-k/top-p and
-    constraints).
+    constraints). `prompt_logprobs=k` returns, for every prompt token but the first, its
+    log-probability given the tokens before it and the k most likely there
+    (`RequestOutput.prompt_logprobs`): what scoring a text (lm-eval's log-likelihood) reads.
     """
 
     n: int = 1
@@ -50,6 +52,7 @@ class SamplingParams:
     json_schema: dict | str | Any | None = None
     choice: list[str] | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -84,6 +87,9 @@ class SamplingParams:
             bad("stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             bad("logprobs", self.logprobs, f"None or an integer in [0, {MAX_LOGPROBS}]")
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            bad("prompt_logprobs", self.prompt_logprobs, f"None or an integer in [0, {MAX_LOGPROBS}]")
         kinds = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None]
         if len(kinds) > 1:
             raise ValueError(f"SamplingParams: give at most one of regex, json_schema, choice (got {kinds})")

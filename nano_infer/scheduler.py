@@ -44,8 +44,9 @@ class ScheduledSeq:
 
     A decode computes its one new token; a prefill chunk computes part of the prompt; a verify
     (speculative decoding) computes the last token plus `spec_token_ids`, the proposals, which a
-    plug-in fills into the `num_lookahead` slots the scheduler reserved. An entry gets logit rows
-    only when it reaches the end of what is known: one row, or one per proposal plus one.
+    plug-in fills into the `num_lookahead` slots the scheduler reserved. An entry samples only
+    when it reaches the end of what is known: one row, or one per proposal plus one. A request
+    that asks for prompt logprobs also gets the rows of the prompt positions it computes.
     """
 
     seq: Sequence
@@ -67,11 +68,26 @@ class ScheduledSeq:
         return known[self.start : self.end]
 
     @property
-    def num_logit_rows(self) -> int:
+    def num_sample_rows(self) -> int:
         """0 for a prefill chunk short of the prompt's end, else 1 + the proposals it verifies."""
         if self.end < len(self.seq) + len(self.spec_token_ids):
             return 0
         return min(self.num_tokens, 1 + len(self.spec_token_ids))
+
+    @property
+    def num_prompt_logit_rows(self) -> int:
+        """Rows that score prompt tokens (SamplingParams.prompt_logprobs): position p's row is the
+        distribution of token p + 1, for the prompt tokens this step reaches that are not scored yet."""
+        scored = self.seq.prompt_logprobs
+        if scored is None:
+            return 0
+        return max(0, min(self.end, self.seq.num_prompt_tokens - 1) - max(self.start, len(scored) - 1))
+
+    @property
+    def num_logit_rows(self) -> int:
+        """Prompt rows, then sample rows: together the entry's last rows (the prompt rows run up to
+        the position that samples)."""
+        return self.num_prompt_logit_rows + self.num_sample_rows
 
     @property
     def is_decode(self) -> bool:

@@ -34,6 +34,9 @@ class Sequence:
     constraint: object = None  # nano_infer.constrained constraint, when the output is constrained
     detokenizer: object = None  # IncrementalDetokenizer, created when text is needed while running
     logprobs: list | None = None  # per output token {token id: Logprob}, when params.logprobs is set
+    # per prompt token {token id: Logprob} (None for the first), filled as the prefill computes the prompt, when
+    # params.prompt_logprobs is set; only the first sample of a request scores the prompt
+    prompt_logprobs: list | None = None
     # the prefix cache's own record of this sequence, opaque to everyone else: the radix tree's
     # locked node, or the hash cache's chained hashes of its full blocks
     prefix_handle: object = None
@@ -64,6 +67,11 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Prompt logprobs asked for and not all computed yet: every prompt position must be computed."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:

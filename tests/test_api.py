@@ -24,7 +24,8 @@ def assert_clean(engine):
     ("temperature", float("inf"), "finite"), ("temperature", float("nan"), "finite"), ("top_p", float("nan"), "(0, 1]"),
     ("seed", 2**70, "64-bit"), ("seed", 1.5, "64-bit"), ("max_tokens", True, ">= 1"), ("top_k", True, "-1"), ("top_k", 2**70, "2147483647"),
     ("n", True, ">= 1"), ("stop", ["x"] * 33, "at most 32"), ("stop", ["x" * 1025], "at most 1024"),
-    ("logprobs", 21, "[0, 20]"), ("logprobs", -1, "[0, 20]"),
+    ("logprobs", 21, "[0, 20]"), ("logprobs", -1, "[0, 20]"), ("prompt_logprobs", 21, "[0, 20]"),
+    ("prompt_logprobs", True, "[0, 20]"),
 ])
 def test_bad_sampling_params_name_field_and_range(field, value, allowed):
     with pytest.raises(ValueError) as e:

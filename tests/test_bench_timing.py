@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from nano_infer.bench.timing import Timings, interleaved, one_thread
+from nano_infer.bench.timing import Timings, interleaved, one_thread, verdict
 
 
 def test_rounds_run_every_variant_in_rotated_order_and_drop_the_warmup():
@@ -39,3 +39,9 @@ def test_setup_runs_untimed_before_each_call():
                     setup=lambda name: (calls.append(f"setup {name}"), time.sleep(0.05)), clock=time.perf_counter)
     assert calls == ["setup a", "a", "setup a", "a"]
     assert max(t.samples["a"]) < 0.04  # the sleep in setup is not timed
+
+
+def test_verdict_is_inconclusive_when_the_rounds_straddle_the_threshold():
+    assert verdict([1.6, 1.8, 2.1], 1.0, "pays", "does not pay") == "pays"
+    assert verdict([0.7, 0.9], 1.0, "pays", "does not pay") == "does not pay"
+    assert verdict([0.6, 1.45, 2.53], 1.0, "pays", "does not pay") == "inconclusive"  # median 1.45 alone would say "pays"

@@ -192,7 +192,8 @@ BAD_REQUESTS = [  # (path, body, status, message contains, param)
     ("completions", {"max_tokens": 4}, 400, "prompt: Field required", "prompt"),
     ("completions", {"prompt": ""}, 400, "non-empty", None),
     ("completions", {"prompt": [5, 10**6]}, 400, "[0, ", None),
-    ("completions", {"prompt": ["one", "two"]}, 400, "one prompt per request", "prompt"),
+    ("completions", {"prompt": [["one"]]}, 400, "prompt", "prompt"),
+    ("completions", {"prompt": "x", "max_tokens": 0}, 400, "echo: true only", "max_tokens"),
 ]
 
 

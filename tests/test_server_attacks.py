@@ -145,6 +145,12 @@ ATTACKS = [
      "tools"),
     ("an unknown field", lambda u: [post(u, "/v1/chat/completions", chat(best_effort=True))], 400, "best_effort"),
     ("clients that leave before their first token", lambda u: _leave_early(u), 200, None),
+    ("300 prompts in one request", lambda u: [post(u, "/v1/completions", {"prompt": [[5]] * 300})], 400, "choices"),
+    ("echo + logprobs 20 x 128 samples of a 400-token prompt", lambda u: [post(u, "/v1/completions", {
+        "prompt": list(range(5, 405)), "echo": True, "logprobs": 20, "n": 128, "max_tokens": 8})], 400, "could carry"),
+    ("32 prompts of 200 tokens scored (echo, logprobs 5)", lambda u: [post(u, "/v1/completions", {
+        "prompt": [list(range(5 + i, 205 + i)) for i in range(32)], "echo": True, "logprobs": 5, "max_tokens": 0})],
+     200, None),
 ]
 
 

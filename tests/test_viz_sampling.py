@@ -41,7 +41,7 @@ def test_figure_bars_compare_softmax_and_sampler():
 
 def test_title_prints_settings_without_float_noise():
     fig = next_token_figure(LOGITS, ByteTokenizer(), temperature=0.1 * 3, top_p=0.1 + 0.2 + 0.3, num_tokens=4)
-    assert fig.layout.title.text.startswith("T=0.3, top_k=-1, top_p=0.6:")
+    assert fig.layout.title.text.startswith("T=0.3, top_k=off, top_p=0.6:")  # as the slider says: 0 = off
 
 
 def test_widget_recomputes_the_figure_in_place():

@@ -116,7 +116,8 @@ def attention_scaling(contexts: list[int], batch: int, num_heads: int, num_kv_he
 
     The variants take turns call by call (`timing.interleaved`, one warm-up round, `repeats` timed
     rounds): `ms` is the median, `ratio` the median over rounds of this variant's time over the
-    first variant's in the same round, so a burst of load on the machine hits both alike.
+    first variant's in the same round (`ratios`: every round's), so a burst of load on the machine
+    hits both alike.
     """
     rows = []
     for context in contexts:
@@ -124,6 +125,6 @@ def attention_scaling(contexts: list[int], batch: int, num_heads: int, num_kv_he
                                  device=device, **case_options) for impl in impls}
         timings = interleaved(cases, rounds=repeats, warmup=1)
         rows += [dict(impl=impl, context=context, ms=1e3 * timings.median(impl), ratio=timings.ratio(impl, impls[0]),
-                      mib=peak_bytes(case, device) / 2**20)
+                      ratios=timings.ratios(impl, impls[0]), mib=peak_bytes(case, device) / 2**20)
                  for impl, case in cases.items()]
     return rows

@@ -20,6 +20,7 @@ import time
 import torch
 
 from .presets import model_folder
+from .quiet_profile import profiled
 from .roofline import decode_throughput, matmul_params
 from .timing import sync
 
@@ -81,7 +82,7 @@ def profile_step(engine, num_seqs: int, context: int, steps: int = 3, top: int =
     activities = [torch.profiler.ProfilerActivity.CPU]
     if engine.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with decoding(engine, num_seqs, context, seed=2), torch.profiler.profile(activities=activities) as prof:
+    with decoding(engine, num_seqs, context, seed=2), profiled(activities) as prof:
         for _ in range(steps):
             engine.step()
         sync()

@@ -28,6 +28,7 @@ import torch
 
 from ..sampling_params import SamplingParams
 from .presets import PRESETS, model_folder
+from .quiet_profile import profiled
 from .throughput import run_nano
 from .workload import make_workload, ordinary_token_ids
 
@@ -128,7 +129,7 @@ def workload_breakdown(engine, workload) -> tuple[float, dict[str, float]]:
     for them, so the kinds add up to wall time; "outside ops" is the rest. CPU only: on a GPU
     the profiler's CPU times are launch times, not kernel times.
     """
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with profiled() as prof:
         result = run_nano(engine, workload)
     kinds: Counter = Counter()
     for op in prof.key_averages():

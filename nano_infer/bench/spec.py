@@ -3,10 +3,12 @@
     python -m nano_infer.bench.spec               # shipped model + its draft, batch 1 and 32, 3 rounds
     python -m nano_infer.bench.spec --quick       # a smoke run
 
-Two workloads, each at batch 1 (requests one after another, like a single user) and at
+Three workloads, each at batch 1 (requests one after another, like a single user) and at
 batch 32 (all submitted at once):
 - `edit` + n-gram prompt lookup: each request hands the model a passage and asks for it back
   with a change; an answer that quotes its prompt is where lookup finds its proposals;
+- `quote` + n-gram prompt lookup: a passage to repeat word for word, for a real instruct model
+  (`make models` puts SmolLM2-135M-Instruct on disk), which does quote it;
 - `chat` + the draft model: free chat turns (held-out conversations shipped with the tiny model).
 Greedy decoding, so both engines produce the same tokens (checked) and do the same work.
 The engines take turns within each round, the order rotating; the speed-up is the ratio of the
@@ -22,10 +24,26 @@ from pathlib import Path
 
 from ..models.loader import TINY_MODEL_DIR
 from ..sampling_params import SamplingParams
+from .timing import verdict
 
 DRAFT_DIR = TINY_MODEL_DIR.parent / "tiny_draft"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 EDIT_TASK = "Say this again, word for word, but in plain modern English:\n"
+QUOTE_TASK = "Repeat the following text exactly, word for word, and nothing else:\n\n"
+PASSAGES = [
+    "The lighthouse stands at the end of a long stone pier. Every evening the keeper climbs the ninety steps, "
+    "cleans the great lens with a soft cloth and lights the lamp. Ships far out at sea see its beam sweep across "
+    "the water once every ten seconds, and they know where the rocks are.",
+    "To bake a simple loaf, mix flour, water, salt and a little yeast, then knead the dough for ten minutes until "
+    "it is smooth. Leave it covered in a warm place for an hour, shape it, let it rise again and bake it in a hot "
+    "oven until the crust is brown and the loaf sounds hollow when you tap it.",
+    "The river begins as a small spring high in the hills. It runs through fields and forests, collects the water "
+    "of many streams, and grows wide and slow before it reaches the town. There it passes under seven bridges and "
+    "flows on to the sea, carrying boats, leaves and the light of the evening sun.",
+    "The night train leaves the city at ten o'clock. Passengers find their seats, the doors close, and the "
+    "carriages roll out past the last houses into the dark countryside. By morning the train has crossed two "
+    "rivers and a range of mountains, and the travellers wake to see the sea.",
+]
 
 
 def heldout_conversations(model_dir: Path = TINY_MODEL_DIR) -> list[dict]:
@@ -48,6 +66,11 @@ def edit_prompts(n: int) -> list[list[dict]]:
         passage = next(m["content"] for m in messages if m["role"] == "assistant")[:400]
         out.append([messages[0], {"role": "user", "content": EDIT_TASK + passage}])
     return out
+
+
+def quote_prompts(n: int) -> list[list[dict]]:
+    """A passage to repeat word for word: most of the answer can be looked up in the prompt."""
+    return [[{"role": "user", "content": QUOTE_TASK + PASSAGES[i % len(PASSAGES)]}] for i in range(n)]
 
 
 def run_once(llm, prompt_ids: list[list[int]], params: SamplingParams, batch: int):
@@ -100,14 +123,15 @@ def run(workloads=("edit", "chat"), batches=(1, 32), requests: int = 32, batch1_
     from ..llm import LLM
 
     base = LLM(**engine_options)
-    methods = {"edit": ("ngram", ngram or NGRAM),
+    methods = {"edit": ("ngram", ngram or NGRAM), "quote": ("ngram", ngram or NGRAM),
                "chat": ("draft_model", {"method": "draft_model", "model": str(draft), "num_speculative_tokens": draft_k})}
+    prompts_for = {"edit": edit_prompts, "quote": quote_prompts, "chat": chat_prompts}
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     results = []
     for workload in workloads:
         method, config = methods[workload]
         spec = LLM(speculative_config=config, **engine_options)
-        prompts = (edit_prompts if workload == "edit" else chat_prompts)(requests)
+        prompts = prompts_for[workload](requests)
         ids = [base.apply_chat_template(m) for m in prompts]
         for batch in batches:
             sub = ids if batch > 1 else ids[:batch1_requests]
@@ -117,12 +141,17 @@ def run(workloads=("edit", "chat"), batches=(1, 32), requests: int = 32, batch1_
     return results
 
 
+def speculation_verdict(r: dict) -> str:
+    """From the rounds, not the median alone: "pays", "does not pay" or "inconclusive" (rounds on both sides of 1x)."""
+    return verdict([x["speedup"] for x in r["rounds"]], 1.0, "pays", "does not pay")
+
+
 def format_row(r: dict) -> str:
     m = r["median"]
     return (f"{r['workload']:>5} {r['method']:>11} batch {r['batch']:>3}: acceptance {m['acceptance_rate']:.2f}, "
             f"{m['tokens_per_verify']:.2f} tokens/verify, {m['base_tok_s']:7.1f} -> {m['spec_tok_s']:7.1f} tok/s, "
             f"speed-up {m['speedup']:.2f}x (rounds {min(x['speedup'] for x in r['rounds']):.2f}-"
-            f"{max(x['speedup'] for x in r['rounds']):.2f})")
+            f"{max(x['speedup'] for x in r['rounds']):.2f}): speculation {speculation_verdict(r)}")
 
 
 def main(argv=None) -> None:

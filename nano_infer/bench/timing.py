@@ -30,9 +30,24 @@ class Timings:
     def median(self, name: str) -> float:
         return statistics.median(self.samples[name])
 
+    def ratios(self, slow: str, fast: str) -> list[float]:
+        """slow / fast in every round, both timed in the same round."""
+        return [s / f for s, f in zip(self.samples[slow], self.samples[fast])]
+
     def ratio(self, slow: str, fast: str) -> float:
-        """Median over rounds of slow / fast, both timed in the same round."""
-        return statistics.median(s / f for s, f in zip(self.samples[slow], self.samples[fast]))
+        """Median over rounds of slow / fast."""
+        return statistics.median(self.ratios(slow, fast))
+
+
+def verdict(ratios: list[float], threshold: float, above: str, below: str) -> str:
+    """`above` when every round's ratio is above `threshold`, `below` when every one is below it,
+    else "inconclusive": the rounds straddle the threshold, so the median alone would flip between
+    reruns (a busy machine does that)."""
+    if min(ratios) > threshold:
+        return above
+    if max(ratios) < threshold:
+        return below
+    return "inconclusive"
 
 
 def sync() -> None:

@@ -54,12 +54,13 @@ class KVManager:
 
         If the whole sequence is cached, the last token is still computed (its logits give
         the first output token); writing its K/V into the shared last block triggers a
-        copy-on-write of that one block.
+        copy-on-write of that one block. A sequence that still scores its prompt (prompt
+        logprobs) takes no hit: the positions a hit skips are the rows it needs (as in vLLM).
         """
         if self.prefix_cache is None:
             return 0
         assert not seq.block_table and seq.num_computed_tokens == 0
-        blocks = self.prefix_cache.match(seq.token_ids)
+        blocks = [] if seq.scores_prompt else self.prefix_cache.match(seq.token_ids)
         for block in blocks:
             if self.blocks.ref_count[block] == 1:  # idle: only the cache held it
                 self.prefix_cache.on_referenced(block)

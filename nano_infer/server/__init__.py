@@ -20,7 +20,8 @@ so a web page cannot reach it through DNS rebinding. GET /metrics serves Prometh
 The pieces (a request meets the first three in this order):
 
     guard.py    ASGI middleware before any route: the Host allow-list and the body size limit
-    app.py      the routes, and how one request becomes an AsyncLLM.generate call and a response
+    app.py      the routes, and how one request becomes AsyncLLM.generate calls and a response
+    fanout.py   the prompts of one request queued together, their outputs merged into one stream
     render.py   engine outputs as OpenAI bodies: a whole reply, or server-sent events
     errors.py   APIError, and every other failure turned into OpenAI's error body
     runner.py   uvicorn around the app: blocking (`nano-infer serve`) or on a thread (tests, notebooks)

@@ -1,8 +1,9 @@
 """The FastAPI app: its routes, and how one request becomes an AsyncLLM.generate call and a reply.
 
 A request is checked in full before it reaches the engine, so a bad one costs the engine
-nothing: the body's fields by pydantic (protocol.py), then what a field alone cannot say (one
-prompt per request, `echo` with `logprobs`, the model's name) here.
+nothing: the body's fields by pydantic (protocol.py), then what a field alone cannot say (how
+many prompts, how large the reply's logprobs could grow, the model's name) here. The prompts of
+one completion request run as engine requests of their own, batched together (fanout.py).
 
 A client that goes away aborts its request and frees its KV blocks. While streaming,
 Starlette notices the disconnect and cancels the response; the cancellation lands in
@@ -25,9 +26,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..async_engine import AsyncLLM
 from ..constrained.compile_pool import CompilePoolBusy
 from ..metrics import EngineMetrics
-from ..protocol import ChatBody, CompletionBody, ContentPart, ProtocolError, sampling_params
+from ..protocol import (ChatBody, CompletionBody, ContentPart, ProtocolError, check_reply_size, completion_prompts,
+                        max_prompt_tokens, sampling_params)
 from ..sampling_params import SamplingParams
 from .errors import EXCEPTION_HANDLERS, APIError
+from .fanout import fan_out
 from .guard import MAX_BODY_BYTES, _Guard
 from .render import _events, _Render, _whole_reply
 
@@ -88,44 +91,53 @@ def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, auth: list) -> None:
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(body: CompletionBody, request: Request):
-        prompt, params = _completion_request(body, model_name)
-        return await _generate(llm, request, body, prompt, params, model_name, chat=False)
+        prompts, params = _completion_request(body, model_name, llm.engine.max_model_len)
+        return await _generate(llm, request, body, prompts, params, model_name, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(body: ChatBody, request: Request):
-        messages, params = _chat_request(body, model_name)
-        return await _generate(llm, request, body, messages, params, model_name, chat=True)
+        messages, params = _chat_request(body, model_name, llm.engine.max_model_len)
+        return await _generate(llm, request, body, [messages], params, model_name, chat=True)
 
 
-def _completion_request(body: CompletionBody, model_name: str) -> tuple[str | list[int], SamplingParams]:
-    """The prompt (a string or token ids) and the sampling parameters of a /v1/completions body."""
+def _completion_request(body: CompletionBody, model_name: str, max_model_len: int) -> tuple[list, SamplingParams]:
+    """The prompts (strings or token ids) and the sampling parameters of a /v1/completions body. With
+    `echo` and `logprobs` the prompt is scored too (prompt logprobs); `max_tokens: 0` (only with
+    `echo`) samples one token from the prompt's last row, which the reply leaves out."""
     _check_model(body.model, model_name)
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        if len(prompt) != 1:
-            raise APIError(400, f"prompt: give one prompt per request (got {len(prompt)})", param="prompt")
-        prompt = prompt[0]
-    if body.echo and body.logprobs is not None:
-        raise APIError(400, "echo with logprobs (the prompt's logprobs) is not supported; "
-                            "use one or the other", param="echo")
-    return prompt, _sampling_params(body, body.max_tokens, body.logprobs)
+    with _refusal():
+        prompts = completion_prompts(body)
+        echoed = [max_prompt_tokens(p, max_model_len) if body.echo else 0 for p in prompts]
+        check_reply_size(echoed, body.n, body.max_tokens, body.logprobs, max_model_len)
+    max_tokens = 1 if body.max_tokens == 0 else body.max_tokens
+    return prompts, _sampling_params(body, max_tokens, body.logprobs, body.logprobs if body.echo else None)
 
 
-def _chat_request(body: ChatBody, model_name: str) -> tuple[list[dict], SamplingParams]:
+def _chat_request(body: ChatBody, model_name: str, max_model_len: int) -> tuple[list[dict], SamplingParams]:
     """The messages, for the chat template, and the sampling parameters of a /v1/chat/completions body."""
     _check_model(body.model, model_name)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     messages = [{"role": m.role, "content": _text_of(m.content)} for m in body.messages]
-    return messages, _sampling_params(body, body.max_completion_tokens or body.max_tokens,
-                                      (body.top_logprobs or 0) if body.logprobs else None)
+    max_tokens, logprobs = body.max_completion_tokens or body.max_tokens, (body.top_logprobs or 0) if body.logprobs else None
+    with _refusal():
+        check_reply_size([0], body.n, max_tokens, logprobs, max_model_len)
+    return messages, _sampling_params(body, max_tokens, logprobs)
 
 
-def _sampling_params(body, max_tokens: int | None, logprobs: int | None = None) -> SamplingParams:
+@contextlib.contextmanager
+def _refusal():
+    """A ProtocolError inside becomes a 400 naming its field."""
     try:
-        return sampling_params(body, max_tokens, logprobs)
+        yield
     except ProtocolError as e:
         raise APIError(400, str(e), param=e.param) from e
+
+
+def _sampling_params(body, max_tokens: int | None, logprobs: int | None = None,
+                     prompt_logprobs: int | None = None) -> SamplingParams:
+    with _refusal():
+        return sampling_params(body, max_tokens, logprobs, prompt_logprobs)
 
 
 def _check_model(requested: str | None, served: str) -> None:
@@ -146,13 +158,15 @@ class _ClientGone(Exception):
     """The client hung up before its reply began: nobody is left to send a response to."""
 
 
-async def _generate(llm: AsyncLLM, request: Request, body, prompt, params: SamplingParams,
+async def _generate(llm: AsyncLLM, request: Request, body, prompts: list, params: SamplingParams,
                     model_name: str, chat: bool) -> Response:
-    """Run one request: its whole reply as JSON, or its stream once the first output exists."""
+    """Run one request (one or more prompts): its whole reply as JSON, or its stream once every
+    prompt has its first output."""
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     head = {"id": request_id, "created": int(time.time()), "model": model_name}
-    outputs = llm.generate(prompt, params, request_id, stream=body.stream)
-    render = _Render(llm.tokenizer, chat, params.logprobs, prompt if not chat and getattr(body, "echo", False) else None)
+    echo = not chat and body.echo
+    outputs = fan_out(llm, prompts, params, request_id, stream=body.stream, echo_only=echo and body.max_tokens == 0)
+    render = _Render(llm.tokenizer, chat, params.logprobs, echo)
     try:
         if not body.stream:
             return JSONResponse(await _unless_disconnected(request, _whole_reply(outputs, head, render)))

@@ -4,6 +4,10 @@ Clients parse these bodies field by field, so each matches OpenAI's shape exactl
 reply's choices carry a `message` (streamed: a `delta`, with the role in the first one only),
 a completion's carry `text`; logprobs come in the chat or the legacy completions layout; usage
 counts prompt and generated tokens. A stream is `data: {json}` lines and ends with `data: [DONE]`.
+
+A completion with `echo` starts with its prompt: its text, and with `logprobs` its tokens' logprobs
+too (the engine's prompt logprobs: `null` for the first token, as OpenAI sends them). Outputs of
+several prompts come merged (fanout.py): each carries its own prompt.
 """
 from __future__ import annotations
 
@@ -27,19 +31,19 @@ class _Render:
     """Outputs as OpenAI choices: a chat message or a completion text, with logprobs when asked
     and the prompt in front of the text with `echo`. Keeps per-sample state across chunks."""
 
-    def __init__(self, tokenizer, chat: bool, logprobs: int | None, echo_prompt):
-        self.tokenizer, self.chat, self.logprobs = tokenizer, chat, logprobs
-        self.echo = None if echo_prompt is None else (
-            echo_prompt if isinstance(echo_prompt, str) else tokenizer.decode(echo_prompt))
+    def __init__(self, tokenizer, chat: bool, logprobs: int | None, echo: bool = False):
+        self.tokenizer, self.chat, self.logprobs, self.echo = tokenizer, chat, logprobs, echo
         self.started: set[int] = set()
         self.offsets: dict[int, int] = {}  # characters of text sent per sample (completions' text_offset)
 
-    def choice(self, o, final: bool) -> dict:
-        """One choice for a CompletionOutput (a delta while streaming, the whole reply when `final`)."""
+    def choice(self, out, o, final: bool) -> dict:
+        """One choice for a CompletionOutput `o` of the RequestOutput `out` (a delta while streaming,
+        the whole reply when `final`)."""
         first = o.index not in self.started
         self.started.add(o.index)
-        text = (self.echo or "") + o.text if first and self.echo is not None else o.text
-        logprobs = self._logprobs(o) if self.logprobs is not None else None
+        prompt = self._prompt_text(out) if first and self.echo else None  # echoed in front of the first text
+        text = (prompt or "") + o.text
+        logprobs = self._logprobs(out, o, prompt) if self.logprobs is not None else None
         self.offsets[o.index] = self.offsets.get(o.index, 0) + len(text)
         if not self.chat:
             return {"index": o.index, "text": text, "logprobs": logprobs, "finish_reason": o.finish_reason}
@@ -54,7 +58,10 @@ class _Render:
             token_bytes_table(self.tokenizer)[0][token_id]
         return data.decode("utf-8", errors="backslashreplace"), data
 
-    def _logprobs(self, o) -> dict:
+    def _prompt_text(self, out) -> str:
+        return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
+
+    def _logprobs(self, out, o, prompt: str | None) -> dict:
         entries = list(zip(o.token_ids, o.logprobs or []))
         if self.chat:
             content = []
@@ -63,16 +70,21 @@ class _Render:
                 content.append({**self._entry(token_id, entry[token_id].logprob),
                                 "top_logprobs": [self._entry(t, lp.logprob) for t, lp in top]})
             return {"content": content}
-        offset = self.offsets.get(o.index, 0) + (len(self.echo) if self.echo and o.index not in self.offsets else 0)
-        tokens, offsets = [], []
-        for token_id, _ in entries:
-            tokens.append(self._token(token_id)[0])
-            offsets.append(offset)
-            offset += len(tokens[-1])
-        return {"tokens": tokens, "token_logprobs": [entry[t].logprob for t, entry in entries],
-                "top_logprobs": [{self._token(t)[0]: lp.logprob for t, lp in sorted(entry.items(), key=lambda kv: kv[1].rank)}
-                                 for _, entry in entries],
-                "text_offset": offsets}
+        body = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        if prompt is not None and out.prompt_logprobs is not None:  # echo: the prompt's tokens come first
+            self._add_tokens(body, list(zip(out.prompt_token_ids, out.prompt_logprobs)), 0)
+        self._add_tokens(body, entries, self.offsets.get(o.index, 0) + len(prompt or ""))
+        return body
+
+    def _add_tokens(self, body: dict, entries: list, offset: int) -> None:
+        """Completions' layout: parallel lists; a token without an entry (the prompt's first) gets nulls."""
+        for token_id, entry in entries:
+            body["tokens"].append(self._token(token_id)[0])
+            body["token_logprobs"].append(None if entry is None else entry[token_id].logprob)
+            body["top_logprobs"].append(None if entry is None else {
+                self._token(t)[0]: lp.logprob for t, lp in sorted(entry.items(), key=lambda kv: kv[1].rank)})
+            body["text_offset"].append(offset)
+            offset += len(body["tokens"][-1])
 
     def _entry(self, token_id: int, logprob: float) -> dict:
         text, data = self._token(token_id)
@@ -81,19 +93,20 @@ class _Render:
 
 async def _whole_reply(outputs, head: dict, render: _Render) -> dict:
     """The non-streamed body: every sample's deltas merged into one choice each, and usage."""
-    merged, prompt_tokens = {}, 0
+    merged, owner, prompt_tokens = {}, {}, {}
     async for out in outputs:
-        prompt_tokens = len(out.prompt_token_ids)
+        prompt_tokens[out.request_id] = len(out.prompt_token_ids)
         for o in out.outputs:
+            owner[o.index] = out  # the request (prompt) of the choice
             m = merged.setdefault(o.index, CompletionOutput(o.index, "", [], logprobs=[] if o.logprobs is not None else None))
             m.text += o.text
             m.token_ids += o.token_ids
             m.finish_reason = o.finish_reason
             if o.logprobs is not None:
                 m.logprobs += o.logprobs
-    choices = [render.choice(merged[i], final=True) for i in sorted(merged)]
+    choices = [render.choice(owner[i], merged[i], final=True) for i in sorted(merged)]
     return {**head, "object": "chat.completion" if render.chat else "text_completion", "choices": choices,
-            "usage": _usage(prompt_tokens, sum(len(m.token_ids) for m in merged.values()))}
+            "usage": _usage(sum(prompt_tokens.values()), sum(len(m.token_ids) for m in merged.values()))}
 
 
 def _event(data: dict) -> str:
@@ -103,7 +116,7 @@ def _event(data: dict) -> str:
 async def _events(first, outputs, head: dict, render: _Render, include_usage: bool):
     """The SSE body: a chunk per output with new text (or a finish), then usage, then [DONE]."""
     kind = "chat.completion.chunk" if render.chat else "text_completion"
-    completion_tokens, out = 0, first
+    completion_tokens, prompt_tokens, out = 0, {}, first
     try:
         while out is not None:
             choices = []
@@ -111,13 +124,14 @@ async def _events(first, outputs, head: dict, render: _Render, include_usage: bo
                 completion_tokens += len(o.token_ids)
                 if not (o.text or o.finish_reason or o.index not in render.started or o.token_ids and render.logprobs is not None):
                     continue  # tokens whose text is still held back (half a character, a possible stop string)
-                choices.append(render.choice(o, final=False))
+                choices.append(render.choice(out, o, final=False))
             if choices:
                 yield _event({**head, "object": kind, "choices": choices})
-            prompt_tokens = len(out.prompt_token_ids)
+            prompt_tokens[out.request_id] = len(out.prompt_token_ids)
             out = await anext(outputs, None)
         if include_usage:
-            yield _event({**head, "object": kind, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+            yield _event({**head, "object": kind, "choices": [],
+                          "usage": _usage(sum(prompt_tokens.values()), completion_tokens)})
     except Exception as e:  # noqa: BLE001 - the status line is long gone: report in the stream
         error_id = uuid.uuid4().hex[:12]
         log.error("request %s failed while streaming (id %s)", head["id"], error_id, exc_info=e)

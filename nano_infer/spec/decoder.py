@@ -33,7 +33,8 @@ class SpecStats:
     num_draft_tokens: int = 0  # tokens proposed and verified
     num_accepted_tokens: int = 0  # of those, accepted
     num_emitted_tokens: int = 0  # tokens appended by verify passes (accepted + corrected/bonus)
-    log: list | None = None  # set to [] to record each verify: (request_id, index, length, proposal, tokens)
+    # set to [] to record each verify: (request_id, index, length before, proposal, tokens appended, accepted)
+    log: list | None = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -109,13 +110,16 @@ class SpeculativeDecoder(EnginePlugin):
     def _append_verified(self, entry, logits: torch.Tensor, outputs, now: float) -> None:
         """Append what verification accepted, one token at a time (each may finish the request),
         then give back the KV slots of the rejected proposals."""
-        seq = entry.seq
-        for token in self.accept(entry, logits):
+        seq, tokens, appended = entry.seq, self.accept(entry, logits), []
+        for token in tokens:
             seq.num_computed_tokens = len(seq)  # K/V of every token so far is computed and accepted
             outputs.append_token(seq, token, now)
+            appended.append(token)
             if seq.is_finished:
-                return
-        self.kv.truncate(seq, seq.num_computed_tokens)
+                break
+        self._record(entry, tokens, appended)
+        if not seq.is_finished:
+            self.kv.truncate(seq, seq.num_computed_tokens)
 
     @torch.inference_mode()
     def accept(self, entry, logits: torch.Tensor) -> list[int]:
@@ -133,11 +137,15 @@ class SpeculativeDecoder(EnginePlugin):
         else:
             q = torch.stack(entry.spec_draft_probs) if entry.spec_draft_probs else None
             tokens = accept_sampled(target_probs(logits, seq.params), proposal, q, seq.generator)
-        s = self.stats
-        s.num_drafts += 1
-        s.num_draft_tokens += len(proposal)
-        s.num_accepted_tokens += len(tokens) - 1
-        s.num_emitted_tokens += len(tokens)
-        if s.log is not None:
-            s.log.append((seq.request_id, seq.index, len(seq), list(proposal), list(tokens)))
         return tokens
+
+    def _record(self, entry, tokens: list[int], appended: list[int]) -> None:
+        """Count one verify; `appended` stops early where a token ended the request (an accepted EOS)."""
+        s, seq = self.stats, entry.seq
+        s.num_drafts += 1
+        s.num_draft_tokens += len(entry.spec_token_ids)
+        s.num_accepted_tokens += len(tokens) - 1
+        s.num_emitted_tokens += len(appended)
+        if s.log is not None:
+            s.log.append((seq.request_id, seq.index, len(seq) - len(appended), list(entry.spec_token_ids),
+                          appended, len(tokens) - 1))

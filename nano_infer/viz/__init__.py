@@ -18,10 +18,12 @@ def show_source(obj, collapsed: bool = False) -> None:
     """Display the real source of a nano_infer function or class (never a copy that can drift).
 
     The first line says where it lives. `collapsed=True` folds a long listing into a block the
-    reader opens with a click, for code the prose only mentions.
+    reader opens with a click, for code the prose only mentions. A decorated function (for example
+    under `@torch.inference_mode()`) shows its own source, not the decorator's wrapper.
     """
     from IPython.display import HTML, Code, display
 
+    obj = inspect.unwrap(obj)
     lines, first = inspect.getsourcelines(obj)
     path = Path(inspect.getsourcefile(obj)).resolve()
     package_root = Path(__file__).resolve().parents[2]

@@ -40,7 +40,8 @@ def next_token_figure(logits: torch.Tensor, tokenizer, temperature: float = 1.0,
         go.Bar(x=labels, y=processed[top].tolist(), name="after temperature / top-k / top-p", marker_color="#1f77b4"),
     ])
     fig.update_layout(
-        title=f"T={temperature:g}, top_k={top_k}, top_p={top_p:g}: {kept} of {logits.numel()} tokens can be sampled",
+        title=f"T={temperature:g}, top_k={top_k if top_k > 0 else 'off'}, top_p={top_p:g}: "
+              f"{kept} of {logits.numel()} tokens can be sampled",
         barmode="group", yaxis_title="probability", xaxis_tickangle=-45, height=420,
         legend=dict(orientation="h", y=1.02, yanchor="bottom"), margin=dict(t=80),
     )
@@ -55,9 +56,12 @@ def sampling_widget(logits: torch.Tensor, tokenizer, num_tokens: int = 20):
     """
     import ipywidgets as w
 
-    temperature = w.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature", readout_format=".2f")
-    top_k = w.IntSlider(value=0, min=0, max=num_tokens, description="top_k (0=off)")
-    top_p = w.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top_p", readout_format=".2f")
+    # labels at their natural width (ipywidgets cuts a description to 80px by default)
+    look = dict(style={"description_width": "initial"}, layout=w.Layout(width="32%"))
+    temperature = w.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature",
+                                readout_format=".2f", **look)
+    top_k = w.IntSlider(value=0, min=0, max=num_tokens, description="top_k (0 = off)", **look)
+    top_p = w.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top_p", readout_format=".2f", **look)
 
     def draw() -> go.Figure:
         k = top_k.value if top_k.value > 0 else -1

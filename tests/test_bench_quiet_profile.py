@@ -1,0 +1,34 @@
+"""The profiler's USDT start/stop lines are dropped from stderr; everything else written there still arrives."""
+import os
+
+import torch
+
+from nano_infer.bench.quiet_profile import profiled, without_usdt_lines
+
+
+def test_plain_profiler_prints_usdt_lines(capfd):
+    """The noise this module removes (if torch stops printing it, the module has no job left)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        torch.ones(4).sum()
+    err = capfd.readouterr().err
+    assert "USDT:" in err and "profiler_start" in err and "profiler_stop" in err
+
+
+def test_profiled_drops_them_and_still_records(capfd):
+    with profiled() as prof:
+        torch.ones(4).sum()
+    assert "aten::sum" in {e.key for e in prof.key_averages()}
+    assert "USDT" not in capfd.readouterr().err
+
+
+def test_other_lines_on_descriptor_2_are_kept_in_order(capfd):
+    with without_usdt_lines():
+        os.write(2, b"first real error\nUSDT:2026-01-01 00:00:00 1:1 X.cpp:52] profiler_start\nsecond line\n")
+    assert capfd.readouterr().err == "first real error\nsecond line\n"
+
+
+def test_output_of_the_profiled_block_goes_out_as_it_happens(capfd):
+    """Only the profiler's start and stop are filtered: a crash inside the block loses none of its message."""
+    with profiled():
+        os.write(2, b"written inside\n")
+        assert capfd.readouterr().err == "written inside\n"

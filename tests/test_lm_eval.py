@@ -1,0 +1,95 @@
+"""EleutherAI's lm-evaluation-harness, as is (`make lm-eval` installs it, pinned), against a live
+`nano-infer serve --dtype float32`: a generate_until and a multiple-choice task on local data
+(tests/lm_eval_tasks/), run with lm-eval's default settings for `local-completions` (one prompt
+per request, sent as token ids; each choice scored with echo + logprobs). The oracle is lm-eval's
+own transformers backend (`hf`) on the same weights: the same accuracy, the same log-likelihood of
+every choice, the same generations."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import nano_infer
+
+pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed: `make lm-eval` installs it")
+
+ROOT = Path(__file__).resolve().parent.parent
+TASKS = ROOT / "tests" / "lm_eval_tasks"
+TINY = Path(nano_infer.__file__).parent / "models" / "tiny"
+ATOL = 1e-4  # a choice's log-likelihood, float32 on both sides
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """Offline, with a datasets cache of its own."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_CACHE": str(tmp_path_factory.mktemp("datasets")), "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="module")
+def served(env):
+    """`nano-infer serve` in a process of its own, as a user starts it."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "nano_infer", "serve", "--model", str(TINY), "--dtype", "float32",
+                             "--port", str(port), "--served-model-name", "nano", "--log-level", "warning"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        assert proc.poll() is None, f"nano-infer serve exited: {proc.stderr.read()[-3000:]}"
+        assert time.monotonic() < deadline, "nano-infer serve did not start in 180 s"
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+def lm_eval(out: Path, env: dict, *args: str) -> tuple[dict, dict]:
+    """Run the lm_eval command on both tasks; (results, {task: {doc_id: sample}})."""
+    cmd = [sys.executable, "-m", "lm_eval", *args, "--tasks", "nano_mc,nano_gen", "--include_path", str(TASKS),
+           "--output_path", str(out), "--log_samples"]
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]
+    samples = {task: {s["doc_id"]: s for s in map(json.loads, next(out.rglob(f"samples_{task}_*.jsonl")).open())}
+               for task in ("nano_mc", "nano_gen")}
+    return results, samples
+
+
+def test_lm_eval_scores_through_the_server_as_its_transformers_backend(served, env, tmp_path):
+    ours, our_samples = lm_eval(tmp_path / "served", env, "--model", "local-completions", "--model_args",
+                                f"model=nano,base_url={served}/v1/completions,tokenizer={TINY}")
+    theirs, their_samples = lm_eval(tmp_path / "hf", env, "--model", "hf", "--model_args",
+                                    f"pretrained={TINY},dtype=float32", "--device", "cpu")
+    assert ours["nano_mc"]["acc,none"] == theirs["nano_mc"]["acc,none"]
+    assert ours["nano_gen"]["exact_match,none"] == theirs["nano_gen"]["exact_match,none"]
+    worst, docs = 0.0, their_samples["nano_mc"]
+    assert our_samples["nano_mc"].keys() == docs.keys() and len(docs) == 12
+    for doc_id, sample in our_samples["nano_mc"].items():
+        got = [(float(ll), str(greedy)) for ll, greedy in sample["filtered_resps"]]
+        want = [(float(ll), str(greedy)) for ll, greedy in docs[doc_id]["filtered_resps"]]
+        assert [g for _, g in got] == [g for _, g in want], doc_id  # is_greedy of each choice
+        worst = max([worst] + [abs(a - b) for (a, _), (b, _) in zip(got, want)])
+    assert worst < ATOL, worst
+    gens = [(s["filtered_resps"], their_samples["nano_gen"][i]["filtered_resps"]) for i, s in our_samples["nano_gen"].items()]
+    assert all(got == want for got, want in gens), gens
+    print(f"\nlm-eval through nano-infer serve vs its hf backend: acc {ours['nano_mc']['acc,none']:.3f} vs "
+          f"{theirs['nano_mc']['acc,none']:.3f}, exact_match {ours['nano_gen']['exact_match,none']:.3f} vs "
+          f"{theirs['nano_gen']['exact_match,none']:.3f}, largest log-likelihood difference {worst:.2e}")

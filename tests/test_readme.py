@@ -1,0 +1,62 @@
+"""The README's snippets run as written: a reader's first contact with the package must work.
+
+Python blocks of a file run in order in one namespace (later blocks use `llm` from earlier ones).
+Shell lines: `nano-infer generate` runs for real; a `nano-infer serve` line would serve forever, so
+its options are checked by running it with `--help` appended; `make` lines are what `make test`
+itself runs; the two-machine torchrun line needs two machines.
+"""
+import contextlib
+import io
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GGUF = ROOT / ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+NANO_INFER = Path(sys.executable).parent / "nano-infer"
+
+
+def blocks(path: Path, language: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(rf"```{language}\n(.*?)```", path.read_text(), re.S)]
+
+
+def shell_lines(path: Path, command: str) -> list[list[str]]:
+    lines = [line.split("#")[0].strip() for block in blocks(path, "bash") for line in block.splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith(command + " ")]
+
+
+def run_python_blocks(path: Path) -> str:
+    out, namespace = io.StringIO(), {}
+    with contextlib.redirect_stdout(out):
+        for block in blocks(path, "python"):
+            exec(compile(block, str(path), "exec"), namespace)  # noqa: S102 - the README's own code
+    return out.getvalue()
+
+
+def test_readme_python_runs_and_the_gguf_model_answers_paris(monkeypatch):
+    if not GGUF.exists():
+        pytest.skip(f"{GGUF} is missing: `make models` fetches it (make test does)")
+    monkeypatch.chdir(ROOT)  # the README's paths are relative to the checkout
+    printed = run_python_blocks(ROOT / "README.md")
+    assert "Paris" in printed.splitlines()[-1], printed[-300:]
+
+
+def test_notebooks_readme_python_runs():
+    assert "not attempted" in run_python_blocks(ROOT / "notebooks/README.md")
+
+
+@pytest.mark.parametrize("argv", shell_lines(ROOT / "README.md", "nano-infer"), ids=shlex.join)
+def test_readme_command_lines_work(argv):
+    if "--model" in argv and not (ROOT / argv[argv.index("--model") + 1]).exists():
+        pytest.skip(f"{argv[argv.index('--model') + 1]} is missing: `make models` fetches it (make test does)")
+    if argv[1] == "serve":  # would serve until stopped: check that it takes these options
+        argv = argv + ["--help"]
+    elif "--max-tokens" not in argv:
+        argv = argv + ["--max-tokens", "8"]  # the same command, shorter
+    done = subprocess.run([str(NANO_INFER), *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip(), "printed nothing"

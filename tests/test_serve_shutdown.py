@@ -1,0 +1,67 @@
+"""Stopping `nano-infer serve` the two usual ways prints nothing that looks like a failure.
+
+The server runs as a real subprocess on a free loopback port and answers a constrained request
+first, so its constraint compile pool (worker processes, and the two semaphores of their channel)
+exists when the signal comes. SIGTERM (what a service manager or `kill` sends) goes to the server
+alone; Ctrl-C goes to the terminal's whole process group, compile workers included.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+START_S = 120  # import torch, load the model, start uvicorn: a bound for a slow machine, not a speed check
+STOP_S = 60
+NANO_INFER = Path(sys.executable).with_name("nano-infer")  # the console script, installed beside this Python
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_serving(proc, url: str) -> None:
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"the server did not answer /health within {START_S} s: {proc.communicate()[1]}")
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
+def test_stopping_serve_leaks_nothing_and_prints_no_traceback(qwen2_dir, stop):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([str(NANO_INFER), "serve", "--model", str(qwen2_dir), "--port", str(port),
+                             "--served-model-name", "tiny", "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_until_serving(proc, url)
+        reply = httpx.post(url + "/v1/completions", timeout=STOP_S, json={
+            "model": "tiny", "prompt": "To be", "max_tokens": 8, "guided_regex": "(yes|no)"})
+        assert reply.status_code == 200 and reply.json()["choices"][0]["text"] in ("yes", "no"), reply.text
+        if stop == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        _, err = proc.communicate(timeout=STOP_S)  # until every process holding its stderr is gone
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert "leaked semaphore" not in err, err
+    assert "Traceback" not in err, err
+    assert proc.returncode == 0, err
