@@ -91,7 +91,7 @@ def test_n_samples_stream_per_index(allm, ref):
 
 
 def test_bad_input_raises_value_error_and_the_loop_lives_on(allm, ref):
-    for prompt, match in [("", "non-empty"), ([], "prompt must be"), ([1, 10**6], r"\[0, "),
+    for prompt, match in [("", "non-empty"), ([], "prompt is empty"), ([1, 10**6], r"\[0, "),
                           ([{"content": "no role"}], "messages"), (42, "prompt must be")]:
         with pytest.raises(ValueError, match=match):
             asyncio.run(collect(allm, prompt))

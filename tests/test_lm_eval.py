@@ -61,35 +61,49 @@ def served(env):
     proc.wait(30)
 
 
-def lm_eval(out: Path, env: dict, *args: str) -> tuple[dict, dict]:
-    """Run the lm_eval command on both tasks; (results, {task: {doc_id: sample}})."""
-    cmd = [sys.executable, "-m", "lm_eval", *args, "--tasks", "nano_mc,nano_gen", "--include_path", str(TASKS),
+def lm_eval(out: Path, env: dict, tasks: list[str], *args: str) -> tuple[dict, dict]:
+    """Run the lm_eval command; (results, {task: {doc_id: sample}})."""
+    cmd = [sys.executable, "-m", "lm_eval", *args, "--tasks", ",".join(tasks), "--include_path", str(TASKS),
            "--output_path", str(out), "--log_samples"]
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]
     samples = {task: {s["doc_id"]: s for s in map(json.loads, next(out.rglob(f"samples_{task}_*.jsonl")).open())}
-               for task in ("nano_mc", "nano_gen")}
+               for task in tasks}
     return results, samples
 
 
+def choice_scores(samples: dict) -> dict:
+    """{doc_id: [(log-likelihood, is_greedy) per choice]} of a multiple-choice task's samples."""
+    return {i: [(float(ll), str(greedy)) for ll, greedy in s["filtered_resps"]] for i, s in samples.items()}
+
+
+def largest_difference(got: dict, want: dict) -> float:
+    assert got.keys() == want.keys() and len(want) == 12
+    assert {i: [g for _, g in c] for i, c in got.items()} == {i: [g for _, g in c] for i, c in want.items()}
+    return max(abs(a - b) for i in want for (a, _), (b, _) in zip(got[i], want[i]))
+
+
 def test_lm_eval_scores_through_the_server_as_its_transformers_backend(served, env, tmp_path):
-    ours, our_samples = lm_eval(tmp_path / "served", env, "--model", "local-completions", "--model_args",
-                                f"model=nano,base_url={served}/v1/completions,tokenizer={TINY}")
-    theirs, their_samples = lm_eval(tmp_path / "hf", env, "--model", "hf", "--model_args",
+    tasks, served_args = ["nano_mc", "nano_gen"], f"model=nano,base_url={served}/v1/completions,tokenizer={TINY}"
+    ours, our_samples = lm_eval(tmp_path / "served", env, tasks, "--model", "local-completions", "--model_args",
+                                served_args)
+    theirs, their_samples = lm_eval(tmp_path / "hf", env, tasks, "--model", "hf", "--model_args",
                                     f"pretrained={TINY},dtype=float32", "--device", "cpu")
     assert ours["nano_mc"]["acc,none"] == theirs["nano_mc"]["acc,none"]
-    assert ours["nano_gen"]["exact_match,none"] == theirs["nano_gen"]["exact_match,none"]
-    worst, docs = 0.0, their_samples["nano_mc"]
-    assert our_samples["nano_mc"].keys() == docs.keys() and len(docs) == 12
-    for doc_id, sample in our_samples["nano_mc"].items():
-        got = [(float(ll), str(greedy)) for ll, greedy in sample["filtered_resps"]]
-        want = [(float(ll), str(greedy)) for ll, greedy in docs[doc_id]["filtered_resps"]]
-        assert [g for _, g in got] == [g for _, g in want], doc_id  # is_greedy of each choice
-        worst = max([worst] + [abs(a - b) for (a, _), (b, _) in zip(got, want)])
+    assert ours["nano_gen"]["exact_match,none"] == theirs["nano_gen"]["exact_match,none"] > 0
+    want = choice_scores(their_samples["nano_mc"])
+    worst = largest_difference(choice_scores(our_samples["nano_mc"]), want)
     assert worst < ATOL, worst
     gens = [(s["filtered_resps"], their_samples["nano_gen"][i]["filtered_resps"]) for i, s in our_samples["nano_gen"].items()]
     assert all(got == want for got, want in gens), gens
+    # batched: 4 prompts per request, 2 requests at once
+    batched, batched_samples = lm_eval(tmp_path / "batched", env, ["nano_mc"], "--model", "local-completions",
+                                       "--model_args", served_args + ",num_concurrent=2", "--batch_size", "4")
+    assert batched["nano_mc"]["acc,none"] == theirs["nano_mc"]["acc,none"]
+    worst_batched = largest_difference(choice_scores(batched_samples["nano_mc"]), want)
+    assert worst_batched < ATOL, worst_batched
     print(f"\nlm-eval through nano-infer serve vs its hf backend: acc {ours['nano_mc']['acc,none']:.3f} vs "
           f"{theirs['nano_mc']['acc,none']:.3f}, exact_match {ours['nano_gen']['exact_match,none']:.3f} vs "
-          f"{theirs['nano_gen']['exact_match,none']:.3f}, largest log-likelihood difference {worst:.2e}")
+          f"{theirs['nano_gen']['exact_match,none']:.3f}, largest log-likelihood difference {worst:.2e} "
+          f"({worst_batched:.2e} batched)")

@@ -295,3 +295,14 @@ def test_cli_takes_a_speculative_config(qwen2_dir, capsys):
     assert "--speculative-config is not valid JSON" in capsys.readouterr().err
     assert main(args + ["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}']) == 2
     assert "method='eagle' is unknown" in capsys.readouterr().err
+
+
+def test_spec_bench_verdict_comes_from_every_round_and_the_quote_workload_quotes_its_passage():
+    from nano_infer.bench import spec as spec_bench
+
+    rounds = lambda *xs: {"rounds": [{"speedup": x} for x in xs]}  # noqa: E731
+    assert spec_bench.speculation_verdict(rounds(1.6, 1.8)) == "pays"
+    assert spec_bench.speculation_verdict(rounds(0.6, 1.45, 2.53)) == "inconclusive"
+    assert spec_bench.speculation_verdict(rounds(0.8, 0.9)) == "does not pay"
+    (prompt,) = spec_bench.quote_prompts(1)
+    assert prompt[-1]["content"].endswith(spec_bench.PASSAGES[0])

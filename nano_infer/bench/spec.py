@@ -28,6 +28,9 @@ from .timing import verdict
 
 DRAFT_DIR = TINY_MODEL_DIR.parent / "tiny_draft"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+# an answer that repeats its prompt accepts long runs: propose more at once, from 2-token matches
+# (SmolLM2-135M on a 2-core CPU, batch 1: k=4 1.60x, k=6 1.68x, k=8 1.77x in one run)
+QUOTE_NGRAM = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 EDIT_TASK = "Say this again, word for word, but in plain modern English:\n"
 QUOTE_TASK = "Repeat the following text exactly, word for word, and nothing else:\n\n"
 PASSAGES = [
@@ -123,7 +126,7 @@ def run(workloads=("edit", "chat"), batches=(1, 32), requests: int = 32, batch1_
     from ..llm import LLM
 
     base = LLM(**engine_options)
-    methods = {"edit": ("ngram", ngram or NGRAM), "quote": ("ngram", ngram or NGRAM),
+    methods = {"edit": ("ngram", ngram or NGRAM), "quote": ("ngram", ngram or QUOTE_NGRAM),
                "chat": ("draft_model", {"method": "draft_model", "model": str(draft), "num_speculative_tokens": draft_k})}
     prompts_for = {"edit": edit_prompts, "quote": quote_prompts, "chat": chat_prompts}
     params = SamplingParams(temperature=0, max_tokens=max_tokens)

@@ -24,10 +24,8 @@ async def fan_out(llm, prompts: list, params, request_id: str, *, stream: bool, 
     """RequestOutputs of every prompt, choices renumbered. `echo_only` (max_tokens 0 with echo) drops
     what was generated: the one token sampled from the prompt's last row, which costs no extra pass."""
     queue: asyncio.Queue = asyncio.Queue()
-    lock = asyncio.Lock()
 
     async def pump(i: int, prompt) -> None:
-      async with lock:
         try:
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             async for out in llm.generate(prompt, params, rid, stream=stream):
