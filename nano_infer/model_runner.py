@@ -87,15 +87,15 @@ class ModelRunner:
         input_ids, positions, slots, prefills, rows = [], [], [], [], {}
         for i in decodes + [i for i in range(len(scheduled)) if i not in is_decode]:
             e = scheduled[i]
-            q_start = len(input_ids)
+            start, end, q_start, num_rows = e.start, e.end, len(input_ids), e.num_logit_rows
             input_ids += e.token_ids
-            positions += range(e.start, e.end)
+            positions += range(start, end)
             if cached:
-                slots += slot_mapping(e.seq.block_table, e.start, e.end, self.block_size)
+                slots += slot_mapping(e.seq.block_table, start, end, self.block_size)
             if i not in is_decode:
-                prefills.append((q_start, e.num_tokens, e.end, e.seq.block_table[: e.num_blocks(self.block_size)] if cached else None))
-            if e.num_logit_rows:
-                rows[i] = range(q_start + e.num_tokens - e.num_logit_rows, q_start + e.num_tokens)
+                prefills.append((q_start, e.num_tokens, end, e.seq.block_table[: e.num_blocks(self.block_size)] if cached else None))
+            if num_rows:
+                rows[i] = range(q_start + e.num_tokens - num_rows, q_start + e.num_tokens)
         sample_rows = [r for i in range(len(scheduled)) for r in rows.get(i, ())]
         return StepInput(input_ids, positions, slots if cached else None, prefills,
                          self._decode_batches([scheduled[i] for i in decodes]), sample_rows, copies or [])

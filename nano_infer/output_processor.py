@@ -45,15 +45,16 @@ class OutputProcessor:
             prompt_rows, sample_row = entry.num_prompt_logit_rows, row + entry.num_prompt_logit_rows
             if prompt_rows:
                 scored.append((entry, row, prompt_rows))
-            owner = next((p for p in plugins if p.claims(entry)), None)
+            owner = next((p for p in plugins if p.claims(entry)), None) if plugins else None
+            sample_rows = entry.num_sample_rows
             if owner is not None:
                 claimed.setdefault(owner, []).append((entry, sample_row))
             else:
-                if entry.num_sample_rows:
+                if sample_rows:
                     samplers.append(entry.seq)
                     rows.append(sample_row)
                 entry.seq.num_computed_tokens = entry.end
-            row = sample_row + entry.num_sample_rows
+            row = sample_row + sample_rows
         if scored:
             score_prompts(logits, scored)
         if samplers:
@@ -70,16 +71,19 @@ class OutputProcessor:
         sample_logits = logits if rows == list(range(len(logits))) else logits[rows]  # no copy in the usual case
         tokens = draw(sample_logits, samplers)
         logprobs = token_logprobs(sample_logits, samplers, tokens)
-        now = time.perf_counter()
-        for i, (seq, token) in enumerate(zip(samplers, tokens)):
-            self.isolated(seq, self._append_sampled, seq, token, logprobs.get(i), now)
-
-    def _append_sampled(self, seq: Sequence, token: int | Exception, logprobs: dict | None, now: float) -> None:
-        if isinstance(token, Exception):
-            raise token
-        if seq.logprobs is not None:
-            seq.logprobs.append(logprobs)
-        self.append_token(seq, token, now)
+        now, touched = time.perf_counter(), self.touched
+        for i, (seq, token) in enumerate(zip(samplers, tokens)):  # `isolated`, written out: once per token
+            req = touched[seq.request_id] = self.requests[seq.request_id]
+            if seq.is_finished:  # a sibling failed the request earlier in this step
+                continue
+            try:
+                if isinstance(token, Exception):
+                    raise token
+                if seq.logprobs is not None:
+                    seq.logprobs.append(logprobs.get(i))
+                self.append_token(seq, token, now)
+            except Exception as e:  # noqa: BLE001 - this request fails; the step goes on for the others
+                self.fail(req, e)
 
     def isolated(self, seq: Sequence, fn, *args) -> None:
         """Run `fn(*args)` for one sequence's rows; if it raises, its request fails alone."""
@@ -169,9 +173,10 @@ class OutputProcessor:
         for req in self.touched.values():
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = start
-            if req.finished or req.stream:
+            done = req.finished
+            if done or req.stream:
                 outputs.append(self.output(req))
-            if req.finished:
+            if done:
                 req.metrics.finished_time = now
                 del self.requests[req.request_id]
         return outputs
