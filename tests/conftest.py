@@ -50,3 +50,19 @@ def allm(served):
 @pytest.fixture(scope="module")
 def server(served):
     return served[1]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """An OpenAI client on the module's server (no retries: a test sees each answer as the server gave it)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(allm):
+    """The model name the module's server answers to."""
+    from nano_infer.server import public_model_name
+
+    return public_model_name(allm)

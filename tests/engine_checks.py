@@ -1,5 +1,12 @@
 """Checks shared by the async-engine and server tests."""
 import contextlib
+import socket
+import time
+
+import httpx
+import pytest
+
+START_S = 180  # import torch, load the model, start uvicorn: a bound for a slow machine, not a speed check
 
 
 def assert_idle_and_blocks_free(engine) -> None:
@@ -36,3 +43,24 @@ def serving(model_dir, **options):
     finally:
         server.stop()
         llm.shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_serving(proc, url: str) -> None:
+    """Poll /health until a server subprocess answers; fail with its stderr if it exits or takes over START_S."""
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"the server did not answer /health within {START_S} s: {proc.communicate()[1]}")

@@ -4,7 +4,8 @@ import time
 import pytest
 
 from nano_infer import LLM
-from nano_infer.bench.tp import collective_calls, step_split, step_times
+from nano_infer.bench.timing import Timings
+from nano_infer.bench.tp import TPStepTimes, collective_calls, step_split, step_times
 from nano_infer.models.loader import TINY_MODEL_DIR, load_config
 
 LAYERS = load_config(TINY_MODEL_DIR).num_hidden_layers
@@ -46,3 +47,12 @@ def test_step_times_take_turns_per_step_and_leave_the_engines_empty(engines, mon
     bars = step_split([t])
     assert list(bars) == [f"tp=1, {t.threads} thread{'s' if t.threads > 1 else ''}", "tp=2"]
     assert sum(bars["tp=2"]) == pytest.approx(t.step)
+
+
+def test_step_split_pools_tp1_and_orders_sizes():
+    four = TPStepTimes(4, Timings({"tp=4": [0.09, 0.08, 0.10], "tp=1": [0.005, 0.007, 0.006]}), 0.75, 1, 3, 5)
+    two = TPStepTimes(2, Timings({"tp=2": [0.02, 0.03, 0.02], "tp=1": [0.004, 0.009, 0.008]}), 0.5, 1, 3, 5)
+    bars = step_split([four, two])
+    assert list(bars) == ["tp=1, 1 thread", "tp=2", "tp=4"]
+    assert bars["tp=1, 1 thread"] == (0.0065, 0.0)  # median of the six tp=1 rounds
+    assert bars["tp=2"] == pytest.approx((0.01, 0.01)) and bars["tp=4"] == pytest.approx((0.0225, 0.0675))

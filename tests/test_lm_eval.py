@@ -6,14 +6,12 @@ own transformers backend (`hf`) on the same weights: the same accuracy, the same
 every choice, the same generations."""
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+from engine_checks import free_port, wait_until_serving
 
 import nano_infer
 
@@ -23,12 +21,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TASKS = ROOT / "tests" / "lm_eval_tasks"
 TINY = Path(nano_infer.__file__).parent / "models" / "tiny"
 ATOL = 1e-4  # a choice's log-likelihood, float32 on both sides
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +38,7 @@ def served(env):
                              "--port", str(port), "--served-model-name", "nano", "--log-level", "warning"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None, f"nano-infer serve exited: {proc.stderr.read()[-3000:]}"
-        assert time.monotonic() < deadline, "nano-infer serve did not start in 180 s"
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
+    wait_until_serving(proc, url)
     yield url
     proc.terminate()
     proc.wait(30)

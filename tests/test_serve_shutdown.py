@@ -7,38 +7,16 @@ alone; Ctrl-C goes to the terminal's whole process group, compile workers includ
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from engine_checks import free_port, wait_until_serving
 
-START_S = 120  # import torch, load the model, start uvicorn: a bound for a slow machine, not a speed check
 STOP_S = 60
 NANO_INFER = Path(sys.executable).with_name("nano-infer")  # the console script, installed beside this Python
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_serving(proc, url: str) -> None:
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    pytest.fail(f"the server did not answer /health within {START_S} s: {proc.communicate()[1]}")
 
 
 @pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])

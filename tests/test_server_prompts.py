@@ -4,7 +4,6 @@ import json
 import time
 
 import httpx
-import openai
 import pytest
 import torch
 
@@ -12,7 +11,6 @@ from engine_checks import assert_idle_and_blocks_free, record_aborts, serving
 from model_factory import hf_model
 from nano_infer import LLM, SamplingParams
 from nano_infer.protocol import MAX_CHOICES
-from nano_infer.server import public_model_name
 
 ATOL = 1e-4
 TEXTS = ["To be, or not to be", "The quick brown fox", "你好，世界！", "def f(x): return"]
@@ -22,16 +20,6 @@ TEXTS = ["To be, or not to be", "The quick brown fox", "你好，世界！", "de
 def served(qwen2_dir):
     with serving(qwen2_dir) as both:
         yield both
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(allm):
-    return public_model_name(allm)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import pytest
 
 from nano_infer import LLM, SamplingParams
 from engine_checks import serving
-from nano_infer.server import public_model_name
 
 CHAT = [{"role": "user", "content": "To be, or not to be?"}]
 
@@ -17,16 +16,6 @@ CHAT = [{"role": "user", "content": "To be, or not to be?"}]
 def served(qwen2_dir):
     with serving(qwen2_dir) as both:
         yield both
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(allm):
-    return public_model_name(allm)
 
 
 @pytest.mark.parametrize("extra,check", [

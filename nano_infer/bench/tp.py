@@ -92,7 +92,9 @@ def step_times(tp_llm, single_llm, rounds: int = 8, steps: int = 5, profiled_ste
 
 def step_split(times) -> dict[str, tuple[float, float]]:
     """{label: (seconds computing, seconds in collectives)} per step, for `viz.tensor_parallel.step_split_figure`:
-    tp=1 from every round of the measurements on the same number of threads, each tensor-parallel size from its own."""
+    tp=1 from every round of the measurements on the same number of threads, then each tensor-parallel size from
+    its own, smallest first."""
+    times = sorted(times, key=lambda t: t.tp)
     bars = {}
     for threads in sorted({t.threads for t in times}):
         samples = [s for t in times if t.threads == threads for s in t.timings.samples["tp=1"]]
