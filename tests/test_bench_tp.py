@@ -54,5 +54,5 @@ def test_step_split_pools_tp1_and_orders_sizes():
     two = TPStepTimes(2, Timings({"tp=2": [0.02, 0.03, 0.02], "tp=1": [0.004, 0.009, 0.008]}), 0.5, 1, 3, 5)
     bars = step_split([four, two])
     assert list(bars) == ["tp=1, 1 thread", "tp=2", "tp=4"]
-    assert bars["tp=1, 1 thread"] == (0.0065, 0.0)  # median of the six tp=1 rounds
+    assert bars["tp=1, 1 thread"] == pytest.approx((0.0065, 0.0))  # median of the six tp=1 rounds
     assert bars["tp=2"] == pytest.approx((0.01, 0.01)) and bars["tp=4"] == pytest.approx((0.0225, 0.0675))
