@@ -14,26 +14,41 @@ import plotly.graph_objects as go
 _FRAME_LAYOUT_KEYS = ("title", "annotations", "shapes")
 
 
-def show_source(obj, collapsed: bool = False) -> None:
-    """Display the real source of a nano_infer function or class (never a copy that can drift).
-
-    The first line says where it lives. `collapsed=True` folds a long listing into a block the
-    reader opens with a click, for code the prose only mentions. A decorated function (for example
-    under `@torch.inference_mode()`) shows its own source, not the decorator's wrapper.
-    """
-    from IPython.display import HTML, Code, display
-
+def source_listing(obj, start: str | None = None) -> str:
+    """`obj`'s real source under a line saying where it lives (file, line range). With `start`, only
+    from its first line containing `start` to its end (a worker's loop without its set-up); a
+    ValueError when no line contains it, so an edited function breaks the chapter instead of
+    showing some other part of it. A decorated function (for example under
+    `@torch.inference_mode()`) shows its own source, not the decorator's wrapper."""
     obj = inspect.unwrap(obj)
     lines, first = inspect.getsourcelines(obj)
+    at, of = 0, ""
+    if start is not None:
+        at = next((i for i, line in enumerate(lines) if start in line), None)
+        if at is None:
+            raise ValueError(f"no line of {obj.__qualname__} contains {start!r}")
+        of = f" (of {obj.__qualname__})"
     path = Path(inspect.getsourcefile(obj)).resolve()
     package_root = Path(__file__).resolve().parents[2]
     where = path.relative_to(package_root) if path.is_relative_to(package_root) else path.name
-    code = Code(f"# {where}, lines {first}-{first + len(lines) - 1}\n" + "".join(lines), language="python")
+    return f"# {where}, lines {first + at}-{first + len(lines) - 1}{of}\n" + "".join(lines[at:])
+
+
+def show_source(obj, collapsed: bool = False, start: str | None = None) -> None:
+    """Display the real source of a nano_infer function or class (never a copy that can drift).
+
+    `collapsed=True` folds a long listing into a block the reader opens with a click, for code
+    the prose only mentions; `start` shows only the part from that line on (`source_listing`).
+    """
+    from IPython.display import HTML, Code, display
+
+    text = source_listing(obj, start)
+    code = Code(text, language="python")
     if not collapsed:
         display(code)
         return
     name = getattr(obj, "__qualname__", str(obj))
-    display(HTML(f"<details><summary><code>{name}</code>: {len(lines)} lines, click to show</summary>"
+    display(HTML(f"<details><summary><code>{name}</code>: {text.count(chr(10)) - 1} lines, click to show</summary>"
                  f"{code._repr_html_()}</details>"))
 
 
@@ -95,4 +110,4 @@ def stepper(draw, count: int, description: str = "step", interval_ms: int = 500,
     return fig
 
 
-__all__ = ["figure_renderer", "show_source", "stepper"]
+__all__ = ["figure_renderer", "show_source", "source_listing", "stepper"]

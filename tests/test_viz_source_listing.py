@@ -1,10 +1,10 @@
-"""An excerpt of a function's source starts at the asked-for line and numbers it as the file does."""
+"""A listing from a given line on starts at the asked-for line and numbers it as the file does."""
 import importlib.util
 import textwrap
 
 import pytest
 
-from nano_infer.viz.source_excerpt import source_excerpt
+from nano_infer.viz import source_listing
 
 SOURCE = textwrap.dedent('''\
     import os
@@ -30,7 +30,7 @@ def serve(tmp_path):
 
 
 def test_excerpt_starts_at_the_line_and_keeps_the_file_s_numbers(serve):
-    text = source_excerpt(serve, "total = 0")
+    text = source_listing(serve, "total = 0")
     header, *body = text.splitlines()
     assert header.endswith("worker_like.py, lines 6-9 (of serve)")
     assert body == ["    total = 0", "    for i in range(n):", "        total += sqrt(i)", "    return total"]
@@ -38,4 +38,4 @@ def test_excerpt_starts_at_the_line_and_keeps_the_file_s_numbers(serve):
 
 def test_a_line_that_is_not_there_is_an_error(serve):
     with pytest.raises(ValueError, match="no line of serve contains 'while'"):
-        source_excerpt(serve, "while")
+        source_listing(serve, "while")
