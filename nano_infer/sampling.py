@@ -21,6 +21,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
     # drop a token if the tokens ranked before it already cover top_p; the first always stays
     drop |= (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)
+    drop[:, 0] = False  # a top_p that rounds to 0 in float32 (below ~1.4e-45) keeps the top token: greedy
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 

@@ -11,6 +11,9 @@ SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20  # alternatives per token, OpenAI's limit for top_logprobs
 MAX_STOP_STRINGS = 32
 MAX_STOP_LENGTH = 1024  # characters per stop string
+# each generated token is looked up in stop_token_ids on the engine thread: 700k ids made a step seconds long
+MAX_STOP_TOKEN_IDS = 256
+MAX_CACHE_SALT = 256  # characters
 MAX_TOP_K = 2**31 - 1
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit integer, what torch.Generator.manual_seed takes
 
@@ -53,6 +56,9 @@ class SamplingParams:
     choice: list[str] | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # vLLM's cache_salt: requests share prefix-cache blocks only with requests of the same salt, so a
+    # tenant can neither reuse nor time another's cached prompt (the server salts by API key)
+    cache_salt: str | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -83,6 +89,8 @@ class SamplingParams:
             bad("stop", f"<{len(self.stop)} strings>", f"at most {MAX_STOP_STRINGS} strings")
         if not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LENGTH for s in self.stop):
             bad("stop", self.stop, f"a list of non-empty strings of at most {MAX_STOP_LENGTH} characters")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            bad("stop_token_ids", f"<{len(self.stop_token_ids)} ids>", f"at most {MAX_STOP_TOKEN_IDS} token ids")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             bad("stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
@@ -90,6 +98,9 @@ class SamplingParams:
         if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
                                                  or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
             bad("prompt_logprobs", self.prompt_logprobs, f"None or an integer in [0, {MAX_LOGPROBS}]")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str)
+                                            or not 0 < len(self.cache_salt) <= MAX_CACHE_SALT):
+            bad("cache_salt", self.cache_salt, f"None or a non-empty string of at most {MAX_CACHE_SALT} characters")
         kinds = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None]
         if len(kinds) > 1:
             raise ValueError(f"SamplingParams: give at most one of regex, json_schema, choice (got {kinds})")

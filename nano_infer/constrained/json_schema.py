@@ -74,8 +74,13 @@ def load_schema(schema) -> dict:
     return schema
 
 
-def _literal(value) -> str:
-    return escape(json.dumps(value, ensure_ascii=False))
+def _literal(value, path: str) -> str:
+    """An enum or const value as the JSON text it is produced as; NaN and Infinity are not JSON."""
+    try:
+        return escape(json.dumps(value, ensure_ascii=False, allow_nan=False))
+    except ValueError:
+        raise ValueError(f"enum/const at {path} holds {value!r}, which is not a JSON value (NaN and Infinity "
+                         f"are not JSON)") from None
 
 
 def _one_of(options: list[str]) -> str:
@@ -97,10 +102,10 @@ class _Converter:
         if "$ref" in node:
             return self.ref(node, path)
         if "const" in node:
-            return _literal(node["const"])
+            return _literal(node["const"], path)
         if "enum" in node:
             values = _list(node, "enum", path)
-            return _one_of([_literal(v) for v in values])
+            return _one_of([_literal(v, path) for v in values])
         for key in ("anyOf", "oneOf"):
             if key in node:
                 options = [self.regex(o, f"{path}/{key}/{i}") for i, o in enumerate(_list(node, key, path))]
@@ -118,6 +123,8 @@ class _Converter:
         if kind is None:
             raise ValueError(f"schema at {path} gives no type (nor const, enum, anyOf, oneOf, $ref)")
         if isinstance(kind, list):
+            if not kind:
+                raise ValueError(f"'type' at {path} is an empty list: no value has no type")
             return _one_of([self.typed(k, node, path) for k in kind])
         return self.typed(kind, node, path)
 
@@ -164,7 +171,7 @@ class _Converter:
         missing = [r for r in required if r not in properties]
         if missing:
             raise ValueError(f"required {missing} at {path} are not in properties")
-        members = [(f"{_literal(name)}: " + self.regex(sub, f"{path}/properties/{name}"), name in required)
+        members = [(f"{_literal(name, path)}: " + self.regex(sub, f"{path}/properties/{name}"), name in required)
                    for name, sub in properties.items()]
         # The first member present has no comma before it: one alternative per candidate for
         # first (every optional member up to and including the first required one).

@@ -13,6 +13,7 @@ no prefix cache): the scheduler does not know which one it drives.
 """
 from __future__ import annotations
 
+from ..prefix.base import salt_of
 from ..sequence import Sequence
 
 
@@ -43,9 +44,9 @@ class KVManager:
         """Does the prefix cache keep this block filled for later requests?"""
         return self.prefix_cache is not None and self.prefix_cache.holds(block)
 
-    def match_len(self, token_ids: list[int]) -> int:
+    def match_len(self, token_ids: list[int], salt: str | None = None) -> int:
         """Blocks of `token_ids` the prefix cache could serve (the LPM policy's sort key)."""
-        return len(self.prefix_cache.match(token_ids))
+        return len(self.prefix_cache.match(token_ids, salt))
 
     # -- admission and allocation ---------------------------------------------------------------------
     def acquire(self, seq: Sequence) -> int:
@@ -60,7 +61,7 @@ class KVManager:
         if self.prefix_cache is None:
             return 0
         assert not seq.block_table and seq.num_computed_tokens == 0
-        blocks = [] if seq.scores_prompt else self.prefix_cache.match(seq.token_ids)
+        blocks = [] if seq.scores_prompt else self.prefix_cache.match(seq.token_ids, salt_of(seq))
         for block in blocks:
             if self.blocks.ref_count[block] == 1:  # idle: only the cache held it
                 self.prefix_cache.on_referenced(block)

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 from ..sequence import Sequence
 
 
+def salt_of(seq: Sequence) -> str | None:
+    """The sequence's cache_salt (beam search's parameters carry none)."""
+    return getattr(seq.params, "cache_salt", None)
+
+
 @dataclass
 class PrefixCacheStats:
     num_queries: int = 0
@@ -34,8 +39,10 @@ class PrefixCache:
         self.stats = PrefixCacheStats()
 
     # -- implemented by each cache -----------------------------------------------------------
-    def match(self, token_ids: list[int]) -> list[int]:
-        """Blocks holding the longest cached prefix of `token_ids`, whole blocks only.
+    def match(self, token_ids: list[int], salt: str | None = None) -> list[int]:
+        """Blocks holding the longest cached prefix of `token_ids`, whole blocks only, among the
+        blocks cached under the same `salt` (SamplingParams.cache_salt): a cache shared by tenants
+        must not let one reuse, and so time, another's prompt.
 
         Marks the matched entries as recently used; takes no references.
         """

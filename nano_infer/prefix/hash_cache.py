@@ -5,6 +5,9 @@ prefix up to and including that block: two equal blocks at different places in d
 prompts never collide. A hit is verified against the stored token ids and parent key, so a
 hash collision can cost a miss but never a wrong answer.
 
+A `cache_salt` (SamplingParams) starts the chain from a hash of the salt instead of ROOT_HASH, so
+requests with different salts share no block, not even the first.
+
 Idle cached blocks (no sequence references them) wait in an LRU order and are evicted,
 least recently used first, only when the pool needs a block.
 """
@@ -13,13 +16,17 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ..sequence import Sequence
-from .base import PrefixCache
+from .base import PrefixCache, salt_of
 
 ROOT_HASH = 0
 
 
 def chain_hash(parent_hash: int, tokens: tuple[int, ...]) -> int:
     return hash((parent_hash, tokens))
+
+
+def root_hash(salt: str | None) -> int:
+    return ROOT_HASH if salt is None else hash(("cache_salt", salt))
 
 
 class HashPrefixCache(PrefixCache):
@@ -29,8 +36,8 @@ class HashPrefixCache(PrefixCache):
         self.block_key: dict[int, tuple[int, int, tuple[int, ...]]] = {}  # block -> (hash, parent hash, tokens)
         self.idle: OrderedDict[int, None] = OrderedDict()  # evictable blocks, least recently used first
 
-    def match(self, token_ids: list[int]) -> list[int]:
-        bs, blocks, parent = self.block_size, [], ROOT_HASH
+    def match(self, token_ids: list[int], salt: str | None = None) -> list[int]:
+        bs, blocks, parent = self.block_size, [], root_hash(salt)
         for start in range(0, len(token_ids) - bs + 1, bs):
             tokens = tuple(token_ids[start : start + bs])
             h = chain_hash(parent, tokens)
@@ -52,7 +59,7 @@ class HashPrefixCache(PrefixCache):
         hashes = seq.prefix_handle = seq.prefix_handle or []
         while len(hashes) < num_full:
             i = len(hashes)
-            parent = hashes[-1] if hashes else ROOT_HASH
+            parent = hashes[-1] if hashes else root_hash(salt_of(seq))
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(parent, tokens)
             hashes.append(h)

@@ -10,7 +10,9 @@ token-exact.
 A running request locks the nodes on its path (lock_ref counts how many do). Only unlocked
 leaves are evicted, least recently used first, from the end of their edge and only as many
 blocks as the pool needs; evicting a leaf never breaks its parent, which may become an
-evictable leaf in turn. Compare the hash cache, where evicting a
+evictable leaf in turn. Requests with a `cache_salt` (SamplingParams) walk a tree of their own, a
+root per salt, so they share no node with other salts; a salt's root goes when its last leaf is
+evicted. Compare the hash cache, where evicting a
 middle block strands the blocks after it.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..sequence import Sequence
-from .base import PrefixCache
+from .base import PrefixCache, salt_of
 
 
 @dataclass(eq=False)
@@ -32,12 +34,14 @@ class RadixNode:
     lock_ref: int = 0
     last_access: int = 0
     depth: int = 0  # tokens from the root to the end of this node's edge
+    salt: str | None = None  # a root: the cache_salt its tree belongs to
 
 
 class RadixPrefixCache(PrefixCache):
     def __init__(self, block_size: int):
         super().__init__(block_size)
         self.root = RadixNode((), [], None)
+        self.roots: dict[str | None, RadixNode] = {None: self.root}  # a tree per cache_salt
         self.tree_blocks: set[int] = set()
         self.evictable_blocks = 0  # blocks in nodes with lock_ref == 0
         self._clock = itertools.count(1)
@@ -52,13 +56,14 @@ class RadixPrefixCache(PrefixCache):
             n += 1
         return n
 
-    def _walk(self, tokens: list[int], split: bool):
-        """Follow `tokens` down the tree. Returns (deepest node fully matched, blocks matched).
+    def _walk(self, tokens: list[int], split: bool, salt: str | None = None):
+        """Follow `tokens` down the salt's tree. Returns (deepest node fully matched, blocks matched).
 
         With split=True a match ending inside an edge splits that node there, so the
-        returned node ends exactly at the matched prefix.
+        returned node ends exactly at the matched prefix. A salt with no tree yet matches nothing.
         """
-        bs, node, pos, blocks, now = self.block_size, self.root, 0, [], next(self._clock)
+        node = self.roots.get(salt) or RadixNode((), [], None, salt=salt)
+        bs, pos, blocks, now = self.block_size, 0, [], next(self._clock)
         while pos + bs <= len(tokens):
             child = node.children.get(tuple(tokens[pos : pos + bs]))
             if child is None:
@@ -84,20 +89,21 @@ class RadixPrefixCache(PrefixCache):
         return upper
 
     # -- the PrefixCache interface -------------------------------------------------------------
-    def match(self, token_ids: list[int]) -> list[int]:
-        return self._walk(token_ids, split=False)[1]
+    def match(self, token_ids: list[int], salt: str | None = None) -> list[int]:
+        return self._walk(token_ids, split=False, salt=salt)[1]
 
     def lock(self, seq: Sequence, blocks: list[int]) -> None:
-        node, _ = self._walk(seq.token_ids[: len(blocks) * self.block_size], split=True)
+        node, _ = self._walk(seq.token_ids[: len(blocks) * self.block_size], split=True, salt=salt_of(seq))
         self._set_lock(node, +1)
         seq.prefix_handle = node
 
-    def insert(self, tokens: list[int], blocks: list[int]) -> tuple[RadixNode, list[int]]:
+    def insert(self, tokens: list[int], blocks: list[int], salt: str | None = None) -> tuple[RadixNode, list[int]]:
         """Add a block-aligned prefix; parts already in the tree keep the tree's blocks.
         Returns the node that ends it and the blocks the tree newly holds."""
         bs = self.block_size
         assert len(tokens) == len(blocks) * bs
-        node, _ = self._walk(tokens, split=True)
+        self.roots.setdefault(salt, RadixNode((), [], None, salt=salt))
+        node, _ = self._walk(tokens, split=True, salt=salt)
         pos = node.depth
         if pos == len(tokens):
             return node, []
@@ -114,7 +120,7 @@ class RadixPrefixCache(PrefixCache):
         held = seq.prefix_handle.depth if seq.prefix_handle else 0
         if num_full * self.block_size <= held:
             return []
-        node, new = self.insert(seq.token_ids[: num_full * self.block_size], seq.block_table[:num_full])
+        node, new = self.insert(seq.token_ids[: num_full * self.block_size], seq.block_table[:num_full], salt_of(seq))
         self._set_lock(node, +1)  # lock the new path before unlocking the old one (they overlap)
         if seq.prefix_handle is not None:
             self._set_lock(seq.prefix_handle, -1)
@@ -134,7 +140,7 @@ class RadixPrefixCache(PrefixCache):
             seq.prefix_handle = None
 
     def _set_lock(self, node: RadixNode, delta: int) -> None:
-        while node is not self.root:
+        while node.parent is not None:  # up to the root of its tree
             if node.lock_ref == 0 and delta > 0:
                 self.evictable_blocks -= len(node.blocks)
             node.lock_ref += delta
@@ -153,8 +159,8 @@ class RadixPrefixCache(PrefixCache):
         return len(self.tree_blocks)
 
     def nodes(self):
-        """Every node but the root, parents before children."""
-        stack = list(self.root.children.values())
+        """Every node but the roots, parents before children."""
+        stack = [child for root in self.roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             yield node
@@ -180,6 +186,8 @@ class RadixPrefixCache(PrefixCache):
                 continue
             parent = leaf.parent
             del parent.children[leaf.tokens[: self.block_size]]
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(leaves, (parent.last_access, id(parent), parent))
+            elif parent.parent is None and not parent.children and parent is not self.root:
+                del self.roots[parent.salt]  # a salt's tree with nothing left in it
         return freed
