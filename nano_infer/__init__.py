@@ -14,6 +14,7 @@ if not _logger.handlers:
     _logger.propagate = False
 
 from .async_engine import AsyncLLM
+from .beam import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from .config import EngineConfig
 from .engine import LLMEngine
 from .llm import LLM
@@ -21,5 +22,5 @@ from .models.loader import default_model
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 
-__all__ = ["AsyncLLM", "LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams", "default_model"]
+__all__ = ["AsyncLLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams", "default_model"]
 __version__ = "0.1.0"

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .config import EngineConfig
+from .beam import BeamSearcher, BeamSearchParams, BeamState
 from .cpu_allocator import keep_freed_memory
 from .distributed import driver_shard, start_workers
 from .kv.paged import kv_bytes_per_token
@@ -79,9 +80,11 @@ class LLMEngine:
         if draft is not None:
             draft.attach(self.runner, self.kv.num_blocks, self.kv.block_size, cfg.attention, self.device, self.dtype)
         self.recorder = StepRecorder() if cfg.record_steps else None
-        self.plugins = [p for p in (self.spec, self.recorder) if p is not None]  # in the order their hooks run
         self.requests: dict[str, Request] = {}
-        self.output_processor = OutputProcessor(self.requests, self.scheduler, self.kv, self.tokenizer, self.eos_token_ids,
+        self.beam_searcher = BeamSearcher(self.requests, self.scheduler, self.tokenizer, self.device)
+        # in the order their hooks run
+        self.plugins = [p for p in (self.beam_searcher, self.spec, self.recorder) if p is not None]
+        self.output_processor = OutputProcessor(self.requests, self.scheduler, self.tokenizer, self.eos_token_ids,
                                        self.max_model_len, self.device)
         self.num_steps = 0
         self.startup_line = self._describe(dtype_reason)
@@ -130,30 +133,35 @@ class LLMEngine:
         return ids
 
     # -- requests ----------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | None = None, params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: str | None = None,
+                    params: SamplingParams | BeamSearchParams | None = None,
                     prompt_token_ids: list[int] | None = None, stream: bool = False,
                     arrival_time: float | None = None, constraint_index=None) -> None:
         """Validate and queue a request. Raises ValueError (and changes nothing) on bad input.
 
+        `params` may be BeamSearchParams: the request's sequences are then its beams (stage 11).
         `constraint_index` is the constraint's compiled token index when the caller built it
         already (AsyncLLM does so off the engine thread); otherwise it is compiled here.
         """
-        params = params or SamplingParams()
+        beam = params if isinstance(params, BeamSearchParams) else None
+        params = beam.sampling_params() if beam else params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         prompt_token_ids = list(self.encode(prompt) if prompt_token_ids is None else prompt_token_ids)
-        self._check_lengths(prompt_token_ids, params)
+        self._check_lengths(prompt_token_ids, params, beam)
         constraint = self._build_constraint(params, constraint_index)
-        fork = params.n > 1 and self.config.kv_cache == "paged"
+        fork = params.n > 1 and (self.config.kv_cache == "paged" or beam is not None)
         req = Request(request_id, prompt, prompt_token_ids, params, [], RequestMetrics(arrival_time or time.perf_counter()),
                       stream, constraint=constraint)
         req.seqs = [req.new_sequence(i, self.device, self.tokenizer) for i in range(1 if fork else params.n)]
         req.seqs[0].num_pending_forks = params.n - 1 if fork else 0
+        if beam is not None:
+            req.beam = BeamState.start(beam, req.seqs[0], self.eos_token_ids, params.max_tokens)
         self.requests[request_id] = req
         for seq in req.seqs:
             self.scheduler.add(seq)
 
-    def _check_lengths(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def _check_lengths(self, prompt_token_ids: list[int], params: SamplingParams, beam=None) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt is empty: it must have at least one token")
         if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt_token_ids):
@@ -170,8 +178,30 @@ class LLMEngine:
             raise ValueError(
                 f"request needs up to {cdiv(n_prompt + max_tokens, self.kv.block_size)} KV blocks but the pool has "
                 f"{self.kv.num_blocks}; it could never fit: lower max_tokens or give the cache more memory")
-        if params.n > self.config.max_num_seqs:
+        if beam is not None:
+            self._check_beam(beam, n_prompt)
+        elif params.n > self.config.max_num_seqs:
             raise ValueError(f"n={params.n} samples run side by side, but max_num_seqs={self.config.max_num_seqs}")
+
+    def _check_beam(self, beam: BeamSearchParams, n_prompt: int) -> None:
+        """Beams fork onto shared blocks, all `beam_width` of them live at once, and decide each round
+        from their own logits: what that rules out is refused before anything runs."""
+        k = beam.beam_width
+        if self.config.kv_cache == "contiguous":
+            raise ValueError("beam search forks beams onto shared KV blocks: it needs kv_cache='paged' (or 'none'), "
+                             "not 'contiguous'")
+        if self.spec is not None:
+            raise ValueError("beam search with speculative decoding is not supported: a speculative verify accepts one "
+                             "continuation per sequence, beam search keeps beam_width of them")
+        if k > self.config.max_num_seqs:
+            raise ValueError(f"beam_width={k} beams run side by side, but max_num_seqs={self.config.max_num_seqs}")
+        if self.kv is not None and self.config.kv_cache == "paged":
+            bs = self.kv.block_size
+            shared, own = n_prompt // bs, cdiv(n_prompt + beam.max_tokens, bs) - n_prompt // bs
+            if shared + k * own > self.kv.num_blocks:
+                raise ValueError(f"beam_width={k} beams of up to {n_prompt + beam.max_tokens} tokens need up to "
+                                 f"{shared + k * own} KV blocks but the pool has {self.kv.num_blocks}; lower "
+                                 f"beam_width or max_tokens, or give the cache more memory")
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of a text prompt. A text too long to fit max_model_len in any tokenization is
@@ -214,6 +244,7 @@ class LLMEngine:
         if req is None:
             return None
         for seq in req.seqs:
+            seq.num_pending_forks = 0  # samples that were still to fork off never will
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
         return self.output_processor.output(req)

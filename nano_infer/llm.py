@@ -13,6 +13,7 @@ from collections.abc import Sequence as Seq
 
 from tqdm.auto import tqdm
 
+from .beam import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, length_penalised
 from .engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -56,19 +57,43 @@ class LLM:
             params = list(sampling_params)
         else:
             params = [sampling_params or SamplingParams()] * count
-        ids = [f"{next(self._ids)}" for _ in range(count)]
+        return self._add_and_run(prompts or [None] * count, prompt_token_ids or [None] * count, params, use_tqdm)
+
+    def _add_and_run(self, prompts: list, token_ids: list, params: list, use_tqdm: bool | None) -> list[RequestOutput]:
+        """Queue every request (a bad one raises before anything runs), then run them all."""
+        ids = [f"{next(self._ids)}" for _ in prompts]
         added = []
         try:
-            for i, rid in enumerate(ids):
-                prompt = prompts[i] if prompts is not None else None
-                tokens = prompt_token_ids[i] if prompt_token_ids is not None else None
-                self.engine.add_request(rid, prompt, params[i], prompt_token_ids=tokens)
+            for rid, prompt, tokens, p in zip(ids, prompts, token_ids, params):
+                self.engine.add_request(rid, prompt, p, prompt_token_ids=tokens)
                 added.append(rid)
         except Exception:
             for rid in added:
                 self.engine.abort_request(rid)
             raise
         return self._run(ids, use_tqdm)
+
+    def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool | None = None) -> list[BeamSearchOutput]:
+        """Beam search (stage 11) for each prompt: a string, {"prompt": str} or {"prompt_token_ids": [...]}.
+
+        Each prompt is one request whose beams run inside the engine, batched with each other
+        and with whatever else is queued; each output holds `beam_width` hypotheses, best first,
+        each with `tokens` = prompt + output (vLLM's shape) and its score.
+        """
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}")
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        texts, token_ids = zip(*(_split_prompt(p) for p in prompts)) if prompts else ((), ())
+        outs = self._add_and_run(list(texts), list(token_ids), [params] * len(prompts), use_tqdm)
+        return [BeamSearchOutput([self._beam_sequence(o, c, params) for c in o.outputs]) for o in outs]
+
+    def _beam_sequence(self, out: RequestOutput, c, params: BeamSearchParams) -> BeamSearchSequence:
+        text = c.text
+        if params.include_stop_str_in_output and c.finish_reason == "stop":
+            text += self.tokenizer.decode(c.token_ids[-1:])
+        score = length_penalised([c.cumulative_logprob], len(c.token_ids), params.length_penalty)[0]
+        return BeamSearchSequence(list(out.prompt_token_ids) + list(c.token_ids), text, c.cumulative_logprob, score,
+                                  c.finish_reason, len(out.prompt_token_ids))
 
     def _run(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
@@ -105,3 +130,14 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         token_ids = [self.apply_chat_template(c, **template_kwargs) for c in conversations]
         return self.generate(prompt_token_ids=token_ids, sampling_params=sampling_params, use_tqdm=use_tqdm)
+
+
+def _split_prompt(prompt) -> tuple[str | None, list[int] | None]:
+    """vLLM's prompt forms: a string, {"prompt": str} or {"prompt_token_ids": [...]}."""
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, dict) and set(prompt) == {"prompt"}:
+        return prompt["prompt"], None
+    if isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}:
+        return None, list(prompt["prompt_token_ids"])
+    raise ValueError(f"a prompt must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, got {prompt!r:.100}")

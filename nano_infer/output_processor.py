@@ -20,15 +20,14 @@ from .logprobs import logprob_entries, score_prompts
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .request import Request
 from .sampling import sample
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence
 
 
 class OutputProcessor:
-    def __init__(self, requests: dict[str, Request], scheduler, kv, tokenizer, eos_token_ids: set[int],
+    def __init__(self, requests: dict[str, Request], scheduler, tokenizer, eos_token_ids: set[int],
                  max_model_len: int, device):
         self.requests = requests  # the engine's table of live requests, shared
         self.scheduler = scheduler
-        self.kv = kv
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
@@ -108,11 +107,7 @@ class OutputProcessor:
         children = []
         for index in range(1, parent.num_pending_forks + 1):
             child = req.new_sequence(index, self.device, self.tokenizer, parent)
-            child.num_computed_tokens = parent.num_computed_tokens
-            child.num_cached_tokens = parent.num_cached_tokens
-            self.kv.fork(parent, child)
-            child.status = SequenceStatus.RUNNING
-            self.scheduler.running.append(child)
+            self.scheduler.fork(parent, child)
             children.append(child)
         req.seqs += children
         parent.num_pending_forks = 0
@@ -183,7 +178,7 @@ class OutputProcessor:
 
     def output(self, req: Request) -> RequestOutput:
         outs = [CompletionOutput(s.index, self._text(s), list(s.output_token_ids), s.finish_reason, s.stop_reason,
-                                 None if s.logprobs is None else list(s.logprobs))
+                                 None if s.logprobs is None else list(s.logprobs), s.cumulative_logprob)
                 for s in sorted(req.seqs, key=lambda s: s.index)]
         req.metrics.num_preemptions = sum(s.num_preemptions for s in req.seqs)
         scores = req.seqs[0].prompt_logprobs  # the first sample scores the prompt

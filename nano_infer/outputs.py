@@ -19,6 +19,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     # with SamplingParams(logprobs=k): per token, the sampled token and the k most likely ones
     logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None  # beam search: the log-probability of token_ids given the prompt
 
     @property
     def finished(self) -> bool:

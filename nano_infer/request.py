@@ -35,6 +35,7 @@ class Request:
     stream: bool = False
     error: Exception | None = None  # what failed it inside a step
     constraint: object = None  # the first sequence's constraint; each fork gets its own copy
+    beam: object = None  # beam search: the request's BeamState (its sequences are the live beams)
 
     @property
     def pending_forks(self) -> int:

@@ -13,6 +13,10 @@ budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`):
    and running requests never stall behind a long prompt. (With chunked prefill off, a
    prompt longer than the budget still runs, alone in its step.)
 
+A running sequence with nothing to compute (a beam whose next token waits for its siblings'
+rows, beam search) is skipped; if that leaves a step with nothing to run, idle sequences are
+preempted until the queue's head fits, so the one they wait for can come back.
+
 With speculative decoding (`lookahead`), a decoding sequence asks for 1 + k tokens: its last
 token and k proposals verified in the same pass. They count against the budget and get KV
 slots like any other tokens; if the pool cannot hold them, the sequence decodes one token.
@@ -137,6 +141,8 @@ class Scheduler:
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted and (self.mode == "continuous" or not self.running):
             self._schedule_waiting(out, budget)
+        while not out.scheduled and self.waiting and self._preempt_idle(out):
+            self._schedule_waiting(out, budget)  # nothing could run: idle sequences made room
         if self.kv is not None:
             out.copies = self.kv.take_copies()
         return out
@@ -152,6 +158,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = self._tokens_for(seq, budget)
+            if n == 0:  # idle: a beam that waits for its siblings (beam search) computes nothing
+                i += 1
+                continue
             if n > budget and out.scheduled:
                 break
             lookahead = 0
@@ -200,6 +209,21 @@ class Scheduler:
             budget -= n
             seats += 1 + seq.num_pending_forks
 
+    def _preempt_idle(self, out: SchedulerOutput) -> bool:
+        """Free the most recently admitted idle sequence, if any, to the back of the queue.
+
+        Idle sequences hold blocks but compute nothing; if the one they wait for cannot be
+        admitted, they would wait forever. At the back of the queue they recompute after it.
+        """
+        idle = next((s for s in reversed(self.running) if s.num_uncomputed_tokens == 0), None)
+        if idle is None:
+            return False
+        self.running.remove(idle)
+        self._preempt(idle)
+        self.waiting.rotate(-1)  # _preempt put it first
+        out.preempted.append(idle)
+        return True
+
     def _undo_admission(self, seq: Sequence) -> None:
         if self.kv is not None:
             self.kv.free(seq)
@@ -211,6 +235,18 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child (n > 1, a beam) starts where the parent is, on its blocks, and queues beside it."""
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        if self.kv is not None:
+            self.kv.fork(parent, child)
+        child.status = parent.status
+        if parent.status is SequenceStatus.RUNNING:
+            self.running.append(child)
+        else:  # a preempted beam: both recompute when admitted
+            self.waiting.insert(self.waiting.index(parent) + 1, child)
 
     # -- after a step, and leaving -----------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput) -> None:

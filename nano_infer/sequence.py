@@ -44,6 +44,7 @@ class Sequence:
     # n > 1 on a paged cache: samples that fork off this sequence once its prompt is computed
     # (they share its blocks); the scheduler keeps a seat for each from admission on
     num_pending_forks: int = 0
+    cumulative_logprob: float | None = None  # a finished beam-search hypothesis: the sum of its tokens' logprobs
 
     def __post_init__(self):
         if not self.token_ids:
