@@ -14,17 +14,20 @@ it, and everything else talks to that thread through two one-way channels:
     await queue.get() <-- call_soon_threadsafe -- step() -> RequestOutput per request
 
 The inbox is a `queue.Queue`, made for threads: a lock inside, and a blocking `get` that
-lets an idle engine thread sleep until work arrives. The way back is one `asyncio.Queue`
-per request, and the engine thread never calls a method of it directly. An asyncio.Queue
-belongs to one event loop and is not thread-safe. `put_nowait` wakes a waiting `get()` by
-resolving a future, which schedules the waiter with `loop.call_soon`; called from another
-thread, that appends to the loop's ready list without waking the loop. A loop asleep in
-`select()` (idle, which is exactly when a client sits waiting for its next token) keeps
-sleeping, so the client hangs until something unrelated happens to wake the loop: a
-deadlock with no lock in sight. Two threads also mutate the queue's deque and the loop's
-ready list at once, which can corrupt them. `loop.call_soon_threadsafe(queue.put_nowait,
-item)` instead hands the call to the loop and writes a byte to the loop's self-pipe, which
-wakes `select()`; the put then runs on the loop's own thread.
+lets an idle engine thread sleep until work arrives. The way back is a one-item mailbox per
+request (`_Stream`), and the engine thread never touches it directly. It belongs to one event
+loop, and asyncio objects are not thread-safe: a future resolved from another thread schedules
+its waiter with `loop.call_soon`, which appends to the loop's ready list without waking the
+loop. A loop asleep in `select()` (idle, which is exactly when a client sits waiting for its
+next token) keeps sleeping, so the client hangs until something unrelated happens to wake the
+loop: a deadlock with no lock in sight. `loop.call_soon_threadsafe(stream.offer, item)` instead
+hands the call to the loop and writes a byte to the loop's self-pipe, which wakes `select()`;
+the offer then runs on the loop's own thread. The mailbox keeps only the newest output: outputs
+are cumulative, so a client that stops reading holds one output, never a queue of them (a queue
+of cumulative outputs grew with the square of the tokens: 1.94 GB for one stalled stream).
+
+Requests wait for the engine in `Admission`, per tenant, and join it by turns, so one tenant's
+flood cannot push another's first token back by more than a step or two.
 
 Nothing slow in a request's preparation runs on the engine thread, where it would pause every
 stream. Tokenizing (a prompt, a chat template) runs on a tokenizer thread of its own, after a
@@ -37,42 +40,46 @@ and a compiled index, and only queues the request.
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
+from .admission import Admission
+from .chat_limits import check_chat_size
+from .deltas import _Deltas
 from .engine import LLMEngine
-from .request import check_utf8
 from .llm import LLM
-from .outputs import CompletionOutput, RequestOutput
+from .mailbox import _Stream
+from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
 _STOP = None  # inbox message that ends the engine thread
 
 
-@dataclass(eq=False)
-class _Stream:
-    """Where one request's outputs go: a queue, and the event loop that owns it."""
+class EngineUnavailable(RuntimeError):
+    """The engine cannot serve any request (its thread ended, a tensor-parallel worker died)."""
 
-    request_id: str
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+def default_compile_workers() -> int:
+    """Two compile workers at least (one tenant's slow schema must not hold the only one), at most 4."""
+    return max(2, min(4, (os.cpu_count() or 2) // 2))
 
 
 class AsyncLLM:
-    def __init__(self, model: str | None = None, engine: LLMEngine | None = None, compile_workers: int = 1,
+    def __init__(self, model: str | None = None, engine: LLMEngine | None = None, compile_workers: int | None = None,
                  **engine_options):
         self.engine = engine if engine is not None else LLMEngine(model, **engine_options)
         self.tokenizer = self.engine.tokenizer
         self.model_name = self.engine.model_name
         self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="nano_infer-tokenize")
-        self._compile_workers = compile_workers
+        self._compile_workers = compile_workers or default_compile_workers()
         self._compile_pool = None  # started by the first constrained request
         self._inbox: queue.Queue = queue.Queue()
-        self._streams: dict[str, _Stream] = {}  # accepted requests; engine thread only
+        self._admission = Admission(self.engine.scheduler.max_num_seqs)  # engine thread only
+        self._streams: dict[str, _Stream] = {}  # requests admitted or waiting for admission; engine thread only
         self._lock = threading.Lock()  # orders shutdown against new requests
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="nano_infer-engine", daemon=True)
@@ -84,9 +91,19 @@ class AsyncLLM:
     def is_running(self) -> bool:
         return self._thread.is_alive()
 
+    def failure(self) -> str | None:
+        """Why the engine cannot serve any request, or None while it can (what /health reports)."""
+        if not self._thread.is_alive():
+            return "the engine thread has stopped"
+        executor = self.engine.executor
+        if executor is not None and (executor.error or any(p.exitcode is not None for p in executor.procs)):
+            return executor.error or "a tensor-parallel worker process is gone"
+        return None
+
     # -- the caller's side (any event loop) ----------------------------------------------------
     async def generate(self, prompt: str | list[int] | list[dict], params: SamplingParams | None = None,
-                       request_id: str | None = None, *, stream: bool = True) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, *, stream: bool = True, tenant: str | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Run one request; yield RequestOutputs whose outputs hold only what is new.
 
         `prompt` is a string, a list of token ids, or chat messages ([{"role", "content"}]).
@@ -95,23 +112,25 @@ class AsyncLLM:
         are included. `stream=False` yields once, at the end, with the whole text.
         Bad input raises ValueError at the first iteration. Leaving the loop early (break,
         cancellation, a disconnected client) aborts the request and frees its KV blocks.
+        `tenant` and `priority` decide when it joins the engine (Admission).
         """
         if self._closed:
-            raise RuntimeError("AsyncLLM is shut down")
+            raise EngineUnavailable("AsyncLLM is shut down")
+        failure = self.failure()
+        if failure is not None:
+            raise EngineUnavailable(f"the engine cannot serve: {failure}")
         params = params or SamplingParams()
         loop = asyncio.get_running_loop()
         token_ids = await loop.run_in_executor(self._tokenizer_thread, self._prompt_ids, prompt)
-        index = await self._constraint_index(params) if params.constrained else None
+        index = await self._constraint_index(params, tenant=tenant) if params.constrained else None
         s = _Stream(request_id or uuid.uuid4().hex, loop)
-        self._send(("add", s, prompt if isinstance(prompt, str) else None, token_ids, params, stream, index))
+        self._send(("add", s, tenant, priority, prompt if isinstance(prompt, str) else None, token_ids, params, stream,
+                    index))
         deltas = _Deltas(params)
         done = False
         try:
             while not done:
-                item = await s.queue.get()
-                # Outputs are cumulative, so a consumer that fell behind skips to the newest.
-                while isinstance(item, RequestOutput) and not item.finished and not s.queue.empty():
-                    item = s.queue.get_nowait()
+                item = await s.take()  # the newest output: a consumer that fell behind skips the rest
                 if isinstance(item, BaseException):
                     done = True
                     raise item
@@ -132,13 +151,7 @@ class AsyncLLM:
             raise ValueError("prompt is empty: it must have at least one token")
         if not isinstance(prompt[0], dict):
             return prompt
-        contents = [m["content"] for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str)]
-        for content in contents:
-            check_utf8(content, "a message")
-        chars = sum(map(len, contents))
-        if chars > self.engine.max_prompt_chars:
-            raise ValueError(f"messages have {chars:,} characters: more than max_model_len={self.engine.max_model_len} "
-                             f"tokens can hold (at most {self.engine.max_prompt_chars:,} characters)")
+        check_chat_size(self.engine, prompt)
         return self.apply_chat_template(prompt)
 
     async def precompile(self, params: SamplingParams) -> None:
@@ -147,7 +160,7 @@ class AsyncLLM:
         regex takes several seconds. A request for it meanwhile waits for this compile."""
         await self._constraint_index(params, trusted=True)
 
-    async def _constraint_index(self, params: SamplingParams, trusted: bool = False):
+    async def _constraint_index(self, params: SamplingParams, trusted: bool = False, tenant: str | None = None):
         if self._compile_pool is None:
             from .constrained import ConstraintLimits
             from .constrained.compile_pool import CompilePool
@@ -157,7 +170,7 @@ class AsyncLLM:
                 if self._compile_pool is None:
                     limits = self.engine.config.constraint_limits or ConstraintLimits()
                     self._compile_pool = CompilePool(vocab, limits, workers=self._compile_workers)
-        return await self._compile_pool.index(params, trusted)
+        return await self._compile_pool.index(params, trusted, tenant)
 
     def _send(self, message) -> None:
         with self._lock:
@@ -182,12 +195,14 @@ class AsyncLLM:
         error: BaseException = RuntimeError("AsyncLLM was shut down")
         try:
             while self._take_inbox(block=not self.engine.has_unfinished_requests()):
+                self._admit()
                 if not self.engine.has_unfinished_requests():
                     continue
                 try:
                     outputs = self.engine.step()
                 except Exception as e:  # noqa: BLE001 - the requests get it; the loop lives on
-                    self._fail_all(e)
+                    failure = self.failure()
+                    self._fail_all(e if failure is None else EngineUnavailable(f"the engine cannot serve: {failure}"))
                     continue
                 for out in outputs:
                     self._deliver(out)
@@ -215,33 +230,51 @@ class AsyncLLM:
     def _handle(self, kind: str, s: _Stream, *args) -> None:
         if kind == "abort":
             if self._streams.get(s.request_id) is s:  # not a rejected duplicate of a live id
-                del self._streams[s.request_id]
+                self._forget(s)
                 self.engine.abort_request(s.request_id)
             return
-        prompt, token_ids, params, stream, index = args
-        try:
-            self.engine.add_request(s.request_id, prompt, params, prompt_token_ids=token_ids, stream=stream,
-                                    constraint_index=index)
-        except Exception as e:  # noqa: BLE001 - bad input goes back to its caller only
-            self._push(s, e)
-        else:
-            self._streams[s.request_id] = s
+        tenant, priority, *add = args
+        if s.request_id in self._streams or s.request_id in self.engine.requests:
+            self._push(s, ValueError(f"request id {s.request_id!r} is already in use"))
+            return
+        s.pending = self._admission.put(tenant or "", priority, getattr(add[2], "n", 1), (s, *add))
+        self._streams[s.request_id] = s
+
+    def _admit(self) -> None:
+        """Add to the engine what Admission lets in now."""
+        for item in self._admission.take():
+            s, prompt, token_ids, params, stream, index = item.message
+            try:
+                self.engine.add_request(s.request_id, prompt, params, prompt_token_ids=token_ids, stream=stream,
+                                        constraint_index=index)
+            except Exception as e:  # noqa: BLE001 - bad input goes back to its caller only
+                self._forget(s)
+                self._push(s, e)
+
+    def _forget(self, s: _Stream) -> None:
+        """The request is done with the engine (or never reached it): release its place."""
+        del self._streams[s.request_id]
+        if s.pending.cancelled:
+            return
+        s.pending.cancelled = True
+        if s.pending.admitted:
+            self._admission.done(s.pending)
 
     def _deliver(self, out: RequestOutput) -> None:
         s = self._streams.get(out.request_id)
         if s is None:
             return
         if out.finished:
-            del self._streams[out.request_id]
+            self._forget(s)
         if out.error is not None:
             self._push(s, out.error)
         elif not self._push(s, out) and not out.finished:  # its event loop is gone
-            del self._streams[out.request_id]
+            self._forget(s)
             self.engine.abort_request(out.request_id)
 
     def _push(self, s: _Stream, item) -> bool:
         try:
-            s.loop.call_soon_threadsafe(s.queue.put_nowait, item)
+            s.loop.call_soon_threadsafe(s.offer, item)
             return True
         except RuntimeError:  # the loop is closed: nobody is listening any more
             return False
@@ -249,43 +282,10 @@ class AsyncLLM:
     def _fail_all(self, error: BaseException) -> None:
         """A step raised: every request in the engine was part of it, or queued behind a
         state the step left half-done. Abort them all (freeing their blocks) and tell their
-        callers; the engine is then empty and clean for the next request."""
+        callers, those still waiting for admission too; the engine is then empty and clean."""
         for request_id in list(self.engine.requests):
             self.engine.abort_request(request_id)
-        for s in self._streams.values():
+        for s in list(self._streams.values()):
+            self._forget(s)
             self._push(s, error)
-        self._streams.clear()
 
-
-class _Deltas:
-    """Turns the engine's cumulative outputs into deltas, sample by sample.
-
-    The engine cuts a stop string off the text once the whole of it has appeared, but by
-    then its first characters may already have been sent. So while a request runs, the last
-    `len(longest stop) - 1` characters are held back: a stop string can only start there.
-    """
-
-    def __init__(self, params: SamplingParams):
-        self.holdback = max((len(s) for s in params.stop), default=1) - 1
-        self.sent_chars: dict[int, int] = {}
-        self.sent_tokens: dict[int, int] = {}
-        self.finished: set[int] = set()
-
-    def next(self, out: RequestOutput) -> RequestOutput | None:
-        deltas = []
-        for o in out.outputs:
-            if o.index in self.finished:
-                continue
-            chars, tokens = self.sent_chars.get(o.index, 0), self.sent_tokens.get(o.index, 0)
-            upto = len(o.text) if o.finished else max(chars, len(o.text) - self.holdback)
-            if upto == chars and len(o.token_ids) == tokens and not o.finished:
-                continue
-            deltas.append(CompletionOutput(o.index, o.text[chars:upto], o.token_ids[tokens:], o.finish_reason, o.stop_reason,
-                                           None if o.logprobs is None else o.logprobs[tokens:]))
-            self.sent_chars[o.index], self.sent_tokens[o.index] = upto, len(o.token_ids)
-            if o.finished:
-                self.finished.add(o.index)
-        if not deltas and not out.finished:
-            return None
-        return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, deltas, out.finished, out.metrics,
-                             prompt_logprobs=out.prompt_logprobs)

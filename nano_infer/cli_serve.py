@@ -16,7 +16,9 @@ from .cli_engine import add_engine_args, engine_kwargs
 from .constrained.limits import ConstraintLimits
 from .protocol import JSON_OBJECT
 from .sampling_params import SamplingParams
-from .server import MAX_BODY_BYTES
+from .server.limits import ServerLimits
+
+DEFAULTS = ServerLimits()
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,13 +27,26 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
                    help="the name clients pass as `model` (default: the hub id, or the model folder's name)")
-    p.add_argument("--api-key", default=os.environ.get("NANO_INFER_API_KEY"),
-                   help="require 'Authorization: Bearer <key>' on /v1/* (default: $NANO_INFER_API_KEY, else none)")
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer <key>' on /v1/*; repeat for several tenants, each key one "
+                        "(default: $NANO_INFER_API_KEY, comma-separated keys, else none)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="also answer requests whose Host header is NAME (bound to localhost, only localhost "
                         "names are answered, against DNS rebinding; repeatable)")
-    p.add_argument("--max-request-bytes", type=int, default=MAX_BODY_BYTES,
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULTS.max_body_bytes,
                    help="larger request bodies get 413 (default: %(default)s)")
+    p.add_argument("--max-requests-per-tenant", type=int, default=DEFAULTS.max_requests_per_tenant,
+                   help="requests in flight per tenant (API key, else client address); more get 429 (default: %(default)s)")
+    p.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
+                   help="open connections; more get 503 and are closed (default: %(default)s)")
+    p.add_argument("--max-connections-per-client", type=int, default=DEFAULTS.max_connections_per_peer,
+                   help="open connections from one address (default: %(default)s)")
+    p.add_argument("--request-timeout", type=float, default=DEFAULTS.request_timeout,
+                   help="seconds a request's head and body may take to arrive (default: %(default)s)")
+    p.add_argument("--send-timeout", type=float, default=DEFAULTS.send_timeout,
+                   help="a client that reads nothing of its reply for this long is disconnected (default: %(default)s)")
+    p.add_argument("--shutdown-timeout", type=float, default=DEFAULTS.shutdown_timeout,
+                   help="on SIGTERM or Ctrl-C, seconds in-flight requests get before the exit (default: %(default)s)")
     p.add_argument("--constraint-timeout", type=float, default=ConstraintLimits.timeout,
                    help="seconds a JSON Schema/regex may take to compile before the request gets 400 (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -59,13 +74,23 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     # json_object's regex takes seconds to compile: do it now, so that no request waits for it past its time limit
     threading.Thread(target=_precompile_json_object, args=(llm,), name="nano_infer-warm", daemon=True).start()
+    limits = ServerLimits(max_body_bytes=args.max_request_bytes, max_requests_per_tenant=args.max_requests_per_tenant,
+                          max_connections=args.max_connections, max_connections_per_peer=args.max_connections_per_client,
+                          request_timeout=args.request_timeout, send_timeout=args.send_timeout,
+                          shutdown_timeout=args.shutdown_timeout)
     try:
         with _sigterm_as_ctrl_c():
-            run_server(llm, args.host, args.port, args.served_model_name, args.log_level, args.api_key,
-                       tuple(args.allowed_host), args.max_request_bytes)
+            served = run_server(llm, args.host, args.port, args.served_model_name, args.log_level, api_keys(args),
+                                tuple(args.allowed_host), limits)
     finally:
         llm.shutdown()
-    return 0
+    return 0 if served else 1
+
+
+def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """--api-key (repeated), else $NANO_INFER_API_KEY split at commas: one tenant per key."""
+    keys = args.api_key if args.api_key is not None else os.environ.get("NANO_INFER_API_KEY", "").split(",")
+    return tuple(k.strip() for k in keys if k.strip())
 
 
 @contextlib.contextmanager

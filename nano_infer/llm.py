@@ -14,6 +14,7 @@ from collections.abc import Sequence as Seq
 from tqdm.auto import tqdm
 
 from .beam import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, length_penalised
+from .chat_template import chat_token_ids
 from .engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -116,13 +117,13 @@ class LLM:
             bar.close()
         return [results[rid] for rid in ids]
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            allow_special_tokens: bool = False, **kwargs) -> list[int]:
+        """Token ids of a conversation. Control tokens typed in a message's content stay text (a user
+        cannot open a system turn) unless `allow_special_tokens=True` (see chat_template)."""
         if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
             raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True, **kwargs)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
+        return chat_token_ids(self.tokenizer, messages, add_generation_prompt, allow_special_tokens, **kwargs)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool | None = None, **template_kwargs) -> list[RequestOutput]:

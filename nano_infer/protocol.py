@@ -6,6 +6,9 @@ something it did not (a constraint, a penalty, tool calls). Fields that nano_inf
 implement but that clients send with their neutral value (`frequency_penalty: 0`,
 `logit_bias: {}`, `tools: []`) are accepted when neutral and refused otherwise.
 
+Every list is capped (`Capped`) and checked with fail_fast: pydantic would otherwise validate, and
+report, each of a million wrong items (1M booleans as a prompt cost 4 s before the 400).
+
 Constrained output can be asked for three ways, all with vLLM's meaning: OpenAI's
 `response_format`, vLLM's `guided_regex` / `guided_json` / `guided_choice`, and newer vLLM's
 `structured_outputs: {"regex" | "json" | "choice": ...}`. At most one constraint per request.
@@ -17,15 +20,26 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from .sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
+from .sampling_params import (MAX_CACHE_SALT, MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SEED_RANGE,
+                              SamplingParams)
 
 Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]  # strict floats take ints, never bools or strings
 Seed = Annotated[StrictInt, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
 MAX_N = 128  # samples per request
 # choices per request (prompts x n): a sequence each, as many as one batch holds at the default max_num_seqs
 MAX_CHOICES = 256
-# logprob entries one reply may carry (~40 bytes of JSON each): an echoed prompt's tokens count with the generated
-MAX_REPLY_LOGPROBS = 2**20
+# logprob entries one reply may carry (~40-60 bytes of JSON each, and ~1 KB of Python objects while the reply is
+# built): an echoed prompt's tokens count with the generated
+MAX_REPLY_LOGPROBS = 2**17
+MAX_MESSAGES = 2048  # messages of one chat
+MAX_LIST = 2**21  # token ids of one prompt (a 4 MiB body holds fewer), or any other list's items
+MAX_CHOICE_OPTIONS = 16_384  # guided_choice strings (their text is bounded by ConstraintLimits too)
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+
+
+def Capped(item, max_length: int):
+    """A list of at most `max_length` items, validated up to its first bad item."""
+    return Annotated[list[item], Field(max_length=max_length, fail_fast=True)]
 JSON_OBJECT = {"type": "object"}  # what response_format json_object asks for: any JSON object
 
 
@@ -63,7 +77,7 @@ class StructuredOutputs(_Body):
 
     regex: StrictStr | None = None
     json_: dict | StrictStr | None = Field(None, alias="json")
-    choice: list[StrictStr] | None = None
+    choice: Capped(StrictStr, MAX_CHOICE_OPTIONS) | None = None
     json_object: StrictBool | None = None
     grammar: StrictStr | None = None
 
@@ -82,20 +96,24 @@ class _GenerateBody(_Body):
     temperature: Number = Field(1.0, ge=0)
     top_p: Number = Field(1.0, gt=0, le=1)
     n: StrictInt = Field(1, ge=1, le=MAX_N)
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: StrictStr | Capped(StrictStr, MAX_STOP_STRINGS) | None = None
     seed: Seed | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     user: StrictStr | None = None  # an end-user id for the operator's logs; changes no output
+    # vLLM's: lower runs first among the tenant's own requests waiting for the engine
+    priority: Annotated[StrictInt, Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])] = 0
+    # vLLM's: prefix-cache blocks are shared only between requests of the same salt (and tenant)
+    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=MAX_CACHE_SALT)] | None = None
     # vLLM's extras (the openai client sends them with extra_body=...)
     top_k: StrictInt = -1
     ignore_eos: StrictBool = False
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: Capped(StrictInt, MAX_STOP_TOKEN_IDS) | None = None
     skip_special_tokens: StrictBool = True
     guided_regex: StrictStr | None = None
     guided_json: dict | StrictStr | None = None
-    guided_choice: list[StrictStr] | None = None
+    guided_choice: Capped(StrictStr, MAX_CHOICE_OPTIONS) | None = None
     guided_decoding_backend: StrictStr | None = None  # one backend here: any name picks it
     structured_outputs: StructuredOutputs | None = None
     # defined by OpenAI or vLLM, not implemented: accepted only with the neutral value (NEUTRAL)
@@ -111,7 +129,8 @@ class _GenerateBody(_Body):
 
 class CompletionBody(_GenerateBody):
     # OpenAI's four forms: a string, strings, token ids, lists of token ids (completion_prompts)
-    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    # more prompts than MAX_CHOICES are refused by completion_prompts, which names the choices they make
+    prompt: StrictStr | Capped(StrictInt, MAX_LIST) | Capped(StrictStr, MAX_LIST) | Capped(Capped(StrictInt, MAX_LIST), MAX_LIST)
     max_tokens: StrictInt | None = Field(16, ge=0)  # OpenAI's default for completions; 0 only with echo
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: StrictBool = False
@@ -125,17 +144,18 @@ class ContentPart(_Body):
 
 
 class Message(_Body):
+    """No `name`: the chat templates nano_infer serves do not render it, so it would change nothing."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[ContentPart]
-    name: StrictStr | None = None
+    content: StrictStr | Capped(ContentPart, MAX_MESSAGES)
 
 
 class ChatBody(_GenerateBody):
-    messages: list[Message] = Field(min_length=1)
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES, fail_fast=True)]
     max_completion_tokens: StrictInt | None = Field(None, ge=1)  # the newer name for max_tokens
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[Any] | None = None
+    tools: Capped(Any, MAX_MESSAGES) | None = None
     tool_choice: Any = None
     parallel_tool_calls: StrictBool | None = None  # meaningful only with tools, which must be empty
 

@@ -287,9 +287,9 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
 
     seen = {}
 
-    def serve_briefly(llm, host, port, served_model_name, log_level, api_key, allowed_hosts, max_body_bytes):
+    def serve_briefly(llm, host, port, served_model_name, log_level, api_key, allowed_hosts, limits):
         server = BackgroundServer(llm, host, port, served_model_name, api_key=api_key, allowed_hosts=allowed_hosts,
-                                  max_body_bytes=max_body_bytes)
+                                  limits=limits)
         try:
             c = openai.OpenAI(base_url=server.url + "/v1", api_key="secret", max_retries=0)
             seen["models"] = [m.id for m in c.models.list().data]
@@ -305,6 +305,7 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
         finally:
             server.stop()
         seen.update(llm=llm, block_size=llm.engine.kv.block_size, max_num_seqs=llm.engine.scheduler.max_num_seqs)
+        return True  # run_server's answer: it stopped for a signal, not for a dead engine
 
     monkeypatch.setattr(nano_infer.server, "run_server", serve_briefly)
     monkeypatch.setenv("NANO_INFER_API_KEY", "secret")

@@ -12,7 +12,10 @@ of worker processes (pebble's ProcessPool) at a lower CPU priority than the engi
   per-vocabulary cache the engine reads, and failures are remembered, so a schema that was
   refused once is refused at once the next time;
 - at most `max_pending` different constraints compile or wait at once; more raise
-  `CompilePoolBusy` (a server answers 503).
+  `CompilePoolBusy` (a server answers 503);
+- one tenant (a server's client) may have at most `per_tenant` of them (default: half the
+  workers, at least one); more raise `TenantCompilesBusy` (429). With one worker, 16 slow schemas
+  from one client made another's trivial schema wait 298 s; now it finds a worker free.
 
 Workers are forked from a single-threaded fork server, never from the server process itself,
 whose engine and HTTP threads could hold locks at the moment of a fork.
@@ -47,16 +50,23 @@ class CompilePoolBusy(RuntimeError):
     """Too many different constraints are compiling or waiting to."""
 
 
+class TenantCompilesBusy(CompilePoolBusy):
+    """This tenant has its share of the compiles running already."""
+
+
 @dataclass(eq=False)
 class _Job:
     work: concurrent.futures.Future  # pebble's: cancelling it kills the worker running it
     done: concurrent.futures.Future  # resolved with a TokenIndex usable in this process, or the error
     waiters: int = 0
+    tenant: str | None = None  # who started it: the compile counts toward their share
 
 
 class CompilePool:
-    def __init__(self, vocab: TokenVocabulary, limits: ConstraintLimits, workers: int = 1, max_pending: int = 16):
+    def __init__(self, vocab: TokenVocabulary, limits: ConstraintLimits, workers: int = 2, max_pending: int = 16,
+                 per_tenant: int | None = None):
         self.vocab, self.limits, self.max_pending = vocab, limits, max_pending
+        self.per_tenant = per_tenant or max(1, workers // 2)
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([__name__])
         self._pool = pebble.ProcessPool(max_workers=workers, initializer=_init_worker,
@@ -65,13 +75,14 @@ class CompilePool:
         self._jobs: dict[tuple, _Job] = {}
         self._failures: OrderedDict[tuple, tuple[ValueError, float]] = OrderedDict()  # key -> (error, until)
 
-    async def index(self, params, trusted: bool = False) -> TokenIndex | None:
+    async def index(self, params, trusted: bool = False, tenant: str | None = None) -> TokenIndex | None:
         """The token index `params` asks for, or None for an unconstrained request.
 
         Raises ValueError for a constraint that is invalid or over the limits (including the
         time limit), CompilePoolBusy when too many compile at once. Cancelling the awaiting
         task cancels the compile unless another request waits for the same constraint.
-        `trusted` (the operator's own constraints, compiled ahead) lifts the time limit.
+        `trusted` (the operator's own constraints, compiled ahead) lifts the time limit. A compile
+        another tenant started is shared, and counts toward their share only.
         """
         key = constraint_key(params)
         if key is None:
@@ -80,14 +91,14 @@ class CompilePool:
         index = cached_index(key, self.vocab)
         if index is not None:
             return index
-        job = self._join(key, None if trusted or key == ANY_OBJECT_KEY else self.limits.timeout)
+        job = self._join(key, None if trusted or key == ANY_OBJECT_KEY else self.limits.timeout, tenant)
         try:
             return await asyncio.shield(asyncio.wrap_future(job.done))
         except asyncio.CancelledError:
             self._leave(key, job)
             raise
 
-    def _join(self, key, timeout: float | None) -> _Job:
+    def _join(self, key, timeout: float | None, tenant: str | None) -> _Job:
         with self._lock:
             failure = self._failures.get(key)
             if failure is not None:
@@ -99,8 +110,11 @@ class CompilePool:
             if job is None:
                 if len(self._jobs) >= self.max_pending:
                     raise CompilePoolBusy(f"{len(self._jobs)} constraints are compiling already; try again shortly")
+                if tenant is not None and sum(j.tenant == tenant for j in self._jobs.values()) >= self.per_tenant:
+                    raise TenantCompilesBusy(f"{self.per_tenant} constraint(s) of yours are compiling already, your "
+                                             f"share of the compile workers; retry when they are done")
                 work = self._pool.schedule(_compile, args=(key, self.limits), timeout=timeout)
-                job = self._jobs[key] = _Job(work, concurrent.futures.Future())
+                job = self._jobs[key] = _Job(work, concurrent.futures.Future(), tenant=tenant)
                 work.add_done_callback(lambda w: self._finished(key, job))
             job.waiters += 1
             return job

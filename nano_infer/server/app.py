@@ -1,8 +1,9 @@
 """The FastAPI app: its routes, and how one request becomes an AsyncLLM.generate call and a reply.
 
 A request is checked in full before it reaches the engine, so a bad one costs the engine
-nothing: the body's fields by pydantic (protocol.py), then what a field alone cannot say (how
-many prompts, how large the reply's logprobs could grow, the model's name) here. The prompts of
+nothing: its key and tenant before its body is read (guard.py), the body's fields by pydantic off
+the event loop (body.py, protocol.py), then what a field alone cannot say (how many prompts, how
+large the reply's logprobs could grow, the model's name) here. The prompts of
 one completion request run as engine requests of their own, batched together (fanout.py).
 
 A client that goes away aborts its request and frees its KV blocks. While streaming,
@@ -15,24 +16,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
 
-from ..async_engine import AsyncLLM
-from ..constrained.compile_pool import CompilePoolBusy
+from ..async_engine import AsyncLLM, EngineUnavailable
+from ..constrained.compile_pool import CompilePoolBusy, TenantCompilesBusy
 from ..metrics import EngineMetrics
 from ..protocol import (ChatBody, CompletionBody, ContentPart, ProtocolError, check_reply_size, completion_prompts,
                         max_prompt_tokens, sampling_params)
 from ..sampling_params import SamplingParams
+from .body import BodyParser
 from .errors import EXCEPTION_HANDLERS, APIError
 from .fanout import fan_out
-from .guard import MAX_BODY_BYTES, _Guard
-from .render import _events, _Render, _whole_reply
+from .guard import _Guard
+from .limits import ServerLimits
+from .render import _events, _Render, _whole_reply, whole_reply_bytes
+from .tenants import Tenants
 
 
 def public_model_name(llm: AsyncLLM) -> str:
@@ -41,37 +45,29 @@ def public_model_name(llm: AsyncLLM) -> str:
     return Path(llm.engine.model_dir).name if name is None or Path(name).exists() else name
 
 
-def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str | None = None,
-              allowed_hosts: tuple[str, ...] | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI app. `allowed_hosts=None` accepts any Host header (a server bound to all interfaces
-    behind its own proxy); run_server and BackgroundServer pass LOCAL_HOSTS when bound to localhost."""
+def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str | tuple[str, ...] | None = None,
+              allowed_hosts: tuple[str, ...] | None = None, limits: ServerLimits = ServerLimits()) -> FastAPI:
+    """The FastAPI app. `api_key`: one key, or several (a tenant each). `allowed_hosts=None` accepts any
+    Host header (a server bound to all interfaces behind its own proxy); run_server and BackgroundServer
+    pass LOCAL_HOSTS when bound to localhost."""
     model_name = served_model_name or public_model_name(llm)
     app = FastAPI(title="nano_infer", docs_url=None, redoc_url=None, openapi_url=None,
                   exception_handlers=EXCEPTION_HANDLERS)
-    app.add_middleware(_Guard, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes)
+    keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
+    app.add_middleware(_Guard, allowed_hosts=allowed_hosts, limits=limits,
+                       tenants=Tenants(keys, limits.max_requests_per_tenant, limits.retry_after))
     _add_probes(app, llm, EngineMetrics(llm.engine, model_name))
-    _add_api(app, llm, model_name, auth=[Depends(_authorized(api_key))])
+    _add_api(app, llm, model_name, BodyParser(limits))
     return app
-
-
-def _authorized(api_key: str | None):
-    """The dependency every /v1 route runs first: with an `api_key`, the request must bear it."""
-    async def authorized(request: Request) -> None:
-        if api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), api_key.encode()):
-            raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
-                           "authentication_error", code="invalid_api_key")
-    return authorized
 
 
 def _add_probes(app: FastAPI, llm: AsyncLLM, metrics: EngineMetrics) -> None:
     """/health and /metrics, for load balancers and Prometheus: they need no API key."""
     @app.get("/health")
     async def health():
-        if not llm.is_running:
-            raise APIError(503, "the engine thread has stopped", "service_unavailable")
+        failure = llm.failure()
+        if failure is not None:
+            raise APIError(503, f"the engine cannot serve: {failure}", "service_unavailable")
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -80,22 +76,24 @@ def _add_probes(app: FastAPI, llm: AsyncLLM, metrics: EngineMetrics) -> None:
         return Response(body, media_type=content_type)
 
 
-def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, auth: list) -> None:
-    """OpenAI's routes: /v1/models, /v1/completions and /v1/chat/completions."""
+def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, parser: BodyParser) -> None:
+    """OpenAI's routes: /v1/models, /v1/completions and /v1/chat/completions (the guard has checked the key)."""
     created = int(time.time())
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
                                             "owned_by": "nano_infer", "max_model_len": llm.engine.max_model_len}]}
 
-    @app.post("/v1/completions", dependencies=auth)
-    async def completions(body: CompletionBody, request: Request):
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parser.parse(request, CompletionBody)
         prompts, params = _completion_request(body, model_name, llm.engine.max_model_len)
         return await _generate(llm, request, body, prompts, params, model_name, chat=False)
 
-    @app.post("/v1/chat/completions", dependencies=auth)
-    async def chat_completions(body: ChatBody, request: Request):
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await parser.parse(request, ChatBody)
         messages, params = _chat_request(body, model_name, llm.engine.max_model_len)
         return await _generate(llm, request, body, [messages], params, model_name, chat=True)
 
@@ -165,20 +163,29 @@ async def _generate(llm: AsyncLLM, request: Request, body, prompts: list, params
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     head = {"id": request_id, "created": int(time.time()), "model": model_name}
     echo = not chat and body.echo
-    outputs = fan_out(llm, prompts, params, request_id, stream=body.stream, echo_only=echo and body.max_tokens == 0)
+    tenant = request.state.tenant
+    params = replace(params, cache_salt=tenant.cache_salt(body.cache_salt))
+    outputs = fan_out(llm, prompts, params, request_id, stream=body.stream, echo_only=echo and body.max_tokens == 0,
+                      tenant=tenant.name, priority=body.priority)
     render = _Render(llm.tokenizer, chat, params.logprobs, echo)
     try:
         if not body.stream:
-            return JSONResponse(await _unless_disconnected(request, _whole_reply(outputs, head, render)))
+            collected = await _unless_disconnected(request, _whole_reply(outputs))
+            content = await asyncio.to_thread(whole_reply_bytes, collected, head, render)
+            return Response(content, media_type="application/json")
         first = await _unless_disconnected(request, anext(outputs))  # bad input raises here, before the 200
     except ValueError as e:
         raise APIError(400, str(e), param="response_format" if params.constrained and "constraint" in str(e) else None) from e
-    except CompilePoolBusy as e:
+    except TenantCompilesBusy as e:
+        raise APIError(429, str(e), "rate_limit_error", headers={"Retry-After": "1"}) from e
+    except (CompilePoolBusy, EngineUnavailable) as e:
         raise APIError(503, str(e), "service_unavailable") from e
     except _ClientGone:
         return Response(status_code=499)
-    include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return StreamingResponse(_events(first, outputs, head, render, include_usage), media_type="text/event-stream")
+    options = body.stream_options
+    events = _events(first, outputs, head, render, options is not None and options.include_usage,
+                     options is not None and options.continuous_usage_stats)
+    return StreamingResponse(events, media_type="text/event-stream")
 
 
 async def _unless_disconnected(request: Request, awaitable):

@@ -1,16 +1,15 @@
 """Every failure as OpenAI's error body, {"error": {"message", "type", "param", "code"}}.
 
 The official clients turn that body into their usual exceptions (BadRequestError, NotFoundError,
-...), so a refused request reads the same from nano_infer as from OpenAI or vLLM. FastAPI's own
-failures (a body that is not JSON, a field of the wrong type, an unknown path) and crashes are
-rewritten into it too; a crash shows the client only an id to look up in the server log.
+...), so a refused request reads the same from nano_infer as from OpenAI or vLLM. A field pydantic
+refuses (body.py), Starlette's own failures (an unknown path) and crashes are rewritten into it
+too; a crash shows the client only an id to look up in the server log.
 """
 from __future__ import annotations
 
 import logging
 import uuid
 
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
@@ -19,12 +18,13 @@ log = logging.getLogger("nano_infer.server")
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}  # e.g. a 429's Retry-After
 
     def response(self) -> JSONResponse:
-        return JSONResponse({"error": self.body()}, status_code=self.status)
+        return JSONResponse({"error": self.body()}, status_code=self.status, headers=self.headers)
 
     def body(self) -> dict:
         return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
@@ -34,19 +34,16 @@ async def _api_error(request, exc: APIError):
     return exc.response()
 
 
-async def _invalid(request, exc: RequestValidationError):
-    err = exc.errors()[0]
-    if err["type"] == "json_invalid":
-        detail = err.get("ctx", {}).get("error", err["msg"])
-        return APIError(400, f"the request body is not valid JSON ({detail})").response()
-    loc = [str(x) for x in err["loc"][1:]]  # drop "body"
+def invalid_field(err: dict) -> APIError:
+    """The 400 for one of pydantic's errors, naming the field (its `loc` starts inside the body)."""
+    loc = [str(x) for x in err["loc"]]
     if not loc:
-        return APIError(400, f"the request body must be a JSON object, sent with Content-Type: application/json "
-                             f"({err['msg']})").response()
+        return APIError(400, f"the request body must be a JSON object ({err['msg']})")
     if err["type"] == "extra_forbidden":
         return APIError(400, f"unrecognized request argument: {'.'.join(loc)} (this server does not implement it)",
-                        param=loc[0]).response()
-    return APIError(400, f"{'.'.join(loc)}: {err['msg']}", param=loc[0]).response()
+                        param=loc[0])
+    return APIError(400, f"{'.'.join(loc)}: {err['msg']}", param=loc[0])
+
 
 
 async def _http(request, exc: HTTPException):
@@ -61,4 +58,4 @@ async def _crash(request, exc: Exception):
 
 
 # FastAPI(exception_handlers=...): these replace FastAPI's own handlers for the same exceptions.
-EXCEPTION_HANDLERS = {APIError: _api_error, RequestValidationError: _invalid, HTTPException: _http, Exception: _crash}
+EXCEPTION_HANDLERS = {APIError: _api_error, HTTPException: _http, Exception: _crash}

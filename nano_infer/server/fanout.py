@@ -20,15 +20,17 @@ from ..outputs import RequestOutput
 _DONE = object()  # a prompt's stream has ended
 
 
-async def fan_out(llm, prompts: list, params, request_id: str, *, stream: bool, echo_only: bool = False):
+async def fan_out(llm, prompts: list, params, request_id: str, *, stream: bool, echo_only: bool = False,
+                  tenant: str | None = None, priority: int = 0):
     """RequestOutputs of every prompt, choices renumbered. `echo_only` (max_tokens 0 with echo) drops
-    what was generated: the one token sampled from the prompt's last row, which costs no extra pass."""
+    what was generated: the one token sampled from the prompt's last row, which costs no extra pass.
+    `tenant` and `priority` go to AsyncLLM's admission."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, prompt) -> None:
         try:
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            async for out in llm.generate(prompt, params, rid, stream=stream):
+            async for out in llm.generate(prompt, params, rid, stream=stream, tenant=tenant, priority=priority):
                 queue.put_nowait((i, out))
             queue.put_nowait((i, _DONE))
         except Exception as e:  # noqa: BLE001 - raised to the consumer, which cancels the other prompts

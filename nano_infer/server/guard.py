@@ -1,73 +1,115 @@
-"""The ASGI middleware every request passes before any route: the Host allow-list and the body limit.
+"""The ASGI middleware every request passes before any route: Host, framing, key, tenant, body size.
 
-Both run before FastAPI reads anything. A body over `max_body_bytes` gets 413
-whether it announces its length (Content-Length) or not (chunked: counted as it arrives), so
-no client can make the server buffer an unbounded body. A server bound to localhost answers
-only requests whose Host header names localhost: a web page the user visits cannot reach it
-through DNS rebinding (its requests carry the attacker's host name).
+All of it runs before a byte of the body is read. A server bound to localhost answers only
+requests whose Host header names localhost (compared case-insensitively, and only a well-formed
+`name[:port]` or `[v6][:port]`): a web page the user visits cannot reach it through DNS rebinding.
+A request with both Content-Length and Transfer-Encoding is refused, as RFC 9112 allows: two
+framings are how a request is smuggled past a proxy that reads the other one. On /v1/* the API key
+is checked next, then the tenant's requests in flight (tenants.py), so a client without a key
+costs no parsing at all. A body over `max_body_bytes` gets 413 whether it announces its length or
+not (chunked: counted as it arrives). A client that takes no bytes of its reply for
+`send_timeout` seconds is cut off: its request is aborted instead of holding memory and a
+connection until the server stops.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import re
 
 from starlette.exceptions import HTTPException
 
 from .errors import APIError
+from .limits import ServerLimits
+from .tenants import Tenants
 
-MAX_BODY_BYTES = 4 * 1024**2  # a request body larger than this gets 413 before it is read
+log = logging.getLogger("nano_infer.server")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[^:\[\]/@\s]+))(?::\d{1,5})?")
 
 
 def allowed_hosts_for(host: str, extra: tuple[str, ...] = ()) -> tuple[str, ...] | None:
     """Bound to localhost: only requests addressed to localhost (and `extra`) are answered, which
     defeats DNS rebinding. Bound to other interfaces: any Host, unless `extra` names some."""
+    extra = tuple(name.lower() for name in extra)
     if host in LOCAL_HOSTS:
-        return LOCAL_HOSTS + tuple(extra)
-    return tuple(extra) or None
+        return LOCAL_HOSTS + extra
+    return extra or None
+
+
+class _SlowReader(Exception):
+    """The client took nothing of its reply for send_timeout seconds."""
 
 
 class _Guard:
-    """ASGI middleware run before any route: the Host allow-list and the body size limit (413)."""
+    """ASGI middleware run before any route (see the module's docstring)."""
 
-    def __init__(self, app, allowed_hosts: tuple[str, ...] | None, max_body_bytes: int):
-        self.app, self.allowed_hosts, self.max_body_bytes = app, allowed_hosts, max_body_bytes
+    def __init__(self, app, allowed_hosts: tuple[str, ...] | None, limits: ServerLimits, tenants: Tenants):
+        self.app, self.allowed_hosts, self.limits, self.tenants = app, allowed_hosts, limits, tenants
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
+        try:
+            self._check_head(headers)
+            if not scope["path"].startswith("/v1/"):
+                return await self.app(scope, self._limited(receive), send)
+            name = self.tenants.identify(headers, scope.get("client"))
+            with self.tenants.admitted(name) as tenant:
+                scope.setdefault("state", {})["tenant"] = tenant
+                return await self.app(scope, self._limited(receive), self._timed(send))
+        except APIError as error:
+            return await _send_error(send, error)
+        except _SlowReader:
+            log.warning("a client took nothing of its reply for %g s (send_timeout): disconnected",
+                        self.limits.send_timeout)
+
+    def _check_head(self, headers: dict[bytes, bytes]) -> None:
         if self.allowed_hosts is not None and _hostname(headers.get(b"host", b"").decode("latin-1")) not in self.allowed_hosts:
-            return await _send_error(send, APIError(400, "this server answers only requests addressed to "
-                                                         f"{', '.join(self.allowed_hosts)} (Host header); "
-                                                         "start it with --allowed-host to add a name"))
+            raise APIError(400, f"this server answers only requests addressed to {', '.join(self.allowed_hosts)} "
+                                f"(Host header); start it with --allowed-host to add a name")
+        if b"transfer-encoding" in headers and b"content-length" in headers:
+            raise APIError(400, "a request may carry Content-Length or Transfer-Encoding, not both (RFC 9112)")
         length = headers.get(b"content-length", b"0")
-        if not length.isdigit() or int(length) > self.max_body_bytes:
-            return await _send_error(send, self._too_large())
+        if not length.isdigit() or int(length) > self.limits.max_body_bytes:
+            raise self._too_large()
+
+    def _limited(self, receive):
         received = 0
 
         async def limited_receive():
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.max_body_bytes:  # a chunked body that outgrows its limit
+            if received > self.limits.max_body_bytes:  # a chunked body that outgrows its limit
                 raise HTTPException(413, self._too_large().message)
             return message
+        return limited_receive
 
-        return await self.app(scope, limited_receive, send)
+    def _timed(self, send):
+        async def timed_send(message):
+            try:
+                await asyncio.wait_for(send(message), self.limits.send_timeout)
+            except asyncio.TimeoutError:
+                raise _SlowReader from None
+        return timed_send
 
     def _too_large(self) -> APIError:
-        return APIError(413, f"the request body is larger than {self.max_body_bytes:,} bytes (--max-request-bytes)")
+        return APIError(413, f"the request body is larger than {self.limits.max_body_bytes:,} bytes (--max-request-bytes)")
 
 
-def _hostname(host: str) -> str:
-    if host.startswith("["):  # [::1]:8000
-        return host[1:].split("]", 1)[0]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+def _hostname(host: str) -> str | None:
+    """The name in a Host header ("LocalHost:8000" -> "localhost", "[::1]:80" -> "::1"); None if malformed."""
+    match = _HOST.fullmatch(host.lower())
+    return None if match is None else match["v6"] or match["name"]
 
 
 async def _send_error(send, error: APIError) -> None:
     """Answer from the middleware itself: no route ran, so no exception handler will."""
     body = json.dumps({"error": error.body()}).encode()
-    await send({"type": "http.response.start", "status": error.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

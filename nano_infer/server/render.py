@@ -4,6 +4,10 @@ Clients parse these bodies field by field, so each matches OpenAI's shape exactl
 reply's choices carry a `message` (streamed: a `delta`, with the role in the first one only),
 a completion's carry `text`; logprobs come in the chat or the legacy completions layout; usage
 counts prompt and generated tokens. A stream is `data: {json}` lines and ends with `data: [DONE]`.
+Usage also says how many prompt tokens came from the prefix cache (`prompt_tokens_details`).
+
+A whole reply is built and serialised on a worker thread (`whole_reply_bytes`), a choice at a time:
+built on the event loop, a reply of 1.6 million logprobs stopped every other stream for 14 s.
 
 A completion with `echo` starts with its prompt: its text, and with `logprobs` its tokens' logprobs
 too (the engine's prompt logprobs: `null` for the first token, as OpenAI sends them). Outputs of
@@ -22,9 +26,22 @@ from .errors import APIError
 log = logging.getLogger("nano_infer.server")
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+class _Prompts:
+    """Prompt and cached token counts, per engine request (one per prompt), summed for usage."""
+
+    def __init__(self):
+        self.tokens: dict[str, tuple[int, int]] = {}
+
+    def add(self, out) -> None:
+        self.tokens[out.request_id] = (len(out.prompt_token_ids), out.num_cached_tokens)
+
+    def usage(self, completion_tokens: int) -> dict:
+        return _usage(sum(t for t, _ in self.tokens.values()), completion_tokens, sum(c for _, c in self.tokens.values()))
 
 
 class _Render:
@@ -91,11 +108,12 @@ class _Render:
         return {"token": text, "logprob": logprob, "bytes": list(data)}
 
 
-async def _whole_reply(outputs, head: dict, render: _Render) -> dict:
-    """The non-streamed body: every sample's deltas merged into one choice each, and usage."""
-    merged, owner, prompt_tokens = {}, {}, {}
+async def _whole_reply(outputs) -> tuple[dict, dict, _Prompts]:
+    """Every sample's deltas merged into one output each (keyed by choice index), the output of the
+    request each belongs to, and the prompts' token counts: what whole_reply_bytes renders."""
+    merged, owner, prompts = {}, {}, _Prompts()
     async for out in outputs:
-        prompt_tokens[out.request_id] = len(out.prompt_token_ids)
+        prompts.add(out)
         for o in out.outputs:
             owner[o.index] = out  # the request (prompt) of the choice
             m = merged.setdefault(o.index, CompletionOutput(o.index, "", [], logprobs=[] if o.logprobs is not None else None))
@@ -104,19 +122,28 @@ async def _whole_reply(outputs, head: dict, render: _Render) -> dict:
             m.finish_reason = o.finish_reason
             if o.logprobs is not None:
                 m.logprobs += o.logprobs
-    choices = [render.choice(owner[i], merged[i], final=True) for i in sorted(merged)]
-    return {**head, "object": "chat.completion" if render.chat else "text_completion", "choices": choices,
-            "usage": _usage(sum(prompt_tokens.values()), sum(len(m.token_ids) for m in merged.values()))}
+    return merged, owner, prompts
+
+
+def whole_reply_bytes(collected: tuple[dict, dict, _Prompts], head: dict, render: _Render) -> bytes:
+    """The non-streamed body as JSON, serialised a choice at a time (json.dumps holds the GIL for
+    as long as its whole input takes, so one call for the whole reply would pause the other threads)."""
+    merged, owner, prompts = collected
+    choices = [json.dumps(render.choice(owner[i], merged[i], final=True), ensure_ascii=False) for i in sorted(merged)]
+    top = json.dumps({**head, "object": "chat.completion" if render.chat else "text_completion"}, ensure_ascii=False)
+    usage = json.dumps(prompts.usage(sum(len(m.token_ids) for m in merged.values())))
+    return (top[:-1] + ', "choices": [' + ", ".join(choices) + '], "usage": ' + usage + "}").encode()
 
 
 def _event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def _events(first, outputs, head: dict, render: _Render, include_usage: bool):
-    """The SSE body: a chunk per output with new text (or a finish), then usage, then [DONE]."""
+async def _events(first, outputs, head: dict, render: _Render, include_usage: bool, continuous_usage: bool = False):
+    """The SSE body: a chunk per output with new text (or a finish), then usage, then [DONE].
+    `continuous_usage` (vLLM's stream_options.continuous_usage_stats): usage so far in every chunk."""
     kind = "chat.completion.chunk" if render.chat else "text_completion"
-    completion_tokens, prompt_tokens, out = 0, {}, first
+    completion_tokens, prompts, out = 0, _Prompts(), first
     try:
         while out is not None:
             choices = []
@@ -125,13 +152,13 @@ async def _events(first, outputs, head: dict, render: _Render, include_usage: bo
                 if not (o.text or o.finish_reason or o.index not in render.started or o.token_ids and render.logprobs is not None):
                     continue  # tokens whose text is still held back (half a character, a possible stop string)
                 choices.append(render.choice(out, o, final=False))
+            prompts.add(out)
             if choices:
-                yield _event({**head, "object": kind, "choices": choices})
-            prompt_tokens[out.request_id] = len(out.prompt_token_ids)
+                usage = {"usage": prompts.usage(completion_tokens)} if continuous_usage else {}
+                yield _event({**head, "object": kind, "choices": choices, **usage})
             out = await anext(outputs, None)
         if include_usage:
-            yield _event({**head, "object": kind, "choices": [],
-                          "usage": _usage(sum(prompt_tokens.values()), completion_tokens)})
+            yield _event({**head, "object": kind, "choices": [], "usage": prompts.usage(completion_tokens)})
     except Exception as e:  # noqa: BLE001 - the status line is long gone: report in the stream
         error_id = uuid.uuid4().hex[:12]
         log.error("request %s failed while streaming (id %s)", head["id"], error_id, exc_info=e)

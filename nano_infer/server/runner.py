@@ -1,11 +1,21 @@
 """uvicorn around the app: blocking for `nano-infer serve`, or on a thread for tests and notebooks.
 
 Both bind the Host allow-list to where they listen (allowed_hosts_for): on localhost only
-requests addressed to localhost are answered. lifespan="off": the app has no startup or
-shutdown work, the AsyncLLM it serves is started and shut down by its owner.
+requests addressed to localhost are answered. uvicorn gets the connection limits of
+ServerLimits (its own keep-alive timeout, limit_concurrency and graceful-shutdown deadline, and
+connections.py for what it lacks). lifespan="off": the app has no startup or shutdown work, the
+AsyncLLM it serves is started and shut down by its owner.
+
+An engine that can no longer serve (its thread ended, a tensor-parallel worker died) would
+fail every request for as long as the process lives, while a supervisor saw it running. So a
+watchdog stops the server when `AsyncLLM.failure()` says so: /health answers 503 from the
+moment it is known, and `run_server` returns False (`nano-infer serve` exits with status 1)
+for the supervisor to restart it.
 """
 from __future__ import annotations
 
+import logging
+import resource
 import threading
 import time
 
@@ -13,15 +23,56 @@ import uvicorn
 
 from ..async_engine import AsyncLLM
 from .app import build_app
-from .guard import MAX_BODY_BYTES, allowed_hosts_for
+from .connections import protocol_class
+from .guard import allowed_hosts_for
+from .limits import ServerLimits
+
+log = logging.getLogger("nano_infer.server")
+WATCH_S = 0.5  # how often the watchdog asks the engine whether it can still serve
+SPARE_FDS = 64  # descriptors kept for the model's files, the compile workers' pipes, the log
+
+
+def _config(app, host: str, port: int, log_level: str, limits: ServerLimits) -> uvicorn.Config:
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off", http=protocol_class(limits),
+                          timeout_keep_alive=limits.keep_alive, limit_concurrency=limits.max_connections,
+                          timeout_graceful_shutdown=limits.shutdown_timeout)
+
+
+def _watch(llm: AsyncLLM, server: uvicorn.Server, failed: list) -> None:
+    while not server.should_exit:
+        failure = llm.failure()
+        if failure is not None:
+            log.error("the engine cannot serve (%s): stopping the server", failure)
+            failed.append(failure)
+            server.should_exit = True
+        time.sleep(WATCH_S)
+
+
+def _descriptors_for(limits: ServerLimits) -> ServerLimits:
+    """Raise the soft limit on open files to the hard one, and keep max_connections under it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    usable = max(1, (hard if hard != resource.RLIM_INFINITY else 2**20) - SPARE_FDS)
+    if limits.max_connections > usable:
+        log.warning("max_connections lowered from %d to %d, what the open-file limit allows", limits.max_connections, usable)
+        limits = ServerLimits(**{**vars(limits), "max_connections": usable})
+    return limits
 
 
 def run_server(llm: AsyncLLM, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-               log_level: str = "info", api_key: str | None = None, allowed_hosts: tuple[str, ...] = (),
-               max_body_bytes: int = MAX_BODY_BYTES) -> None:
-    """Serve until Ctrl-C (blocking)."""
-    app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), max_body_bytes)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, lifespan="off")
+               log_level: str = "info", api_key: str | tuple[str, ...] | None = None,
+               allowed_hosts: tuple[str, ...] = (), limits: ServerLimits = ServerLimits()) -> bool:
+    """Serve until Ctrl-C or SIGTERM (blocking); False if it stopped because the engine cannot serve."""
+    limits = _descriptors_for(limits)
+    app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), limits)
+    server, failed = uvicorn.Server(_config(app, host, port, log_level, limits)), []
+    threading.Thread(target=_watch, args=(llm, server, failed), name="nano_infer-watchdog", daemon=True).start()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn raised the signal again after stopping, as uvicorn.run expects
+        pass
+    return not failed
 
 
 class BackgroundServer:
@@ -33,17 +84,19 @@ class BackgroundServer:
     """
 
     def __init__(self, llm: AsyncLLM, host: str = "127.0.0.1", port: int = 0,
-                 served_model_name: str | None = None, log_level: str = "warning", api_key: str | None = None,
-                 allowed_hosts: tuple[str, ...] = (), max_body_bytes: int = MAX_BODY_BYTES):
-        app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), max_body_bytes)
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
+                 served_model_name: str | None = None, log_level: str = "warning",
+                 api_key: str | tuple[str, ...] | None = None, allowed_hosts: tuple[str, ...] = (),
+                 limits: ServerLimits = ServerLimits(shutdown_timeout=2)):
+        app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), limits)
+        self.server, self.failed = uvicorn.Server(_config(app, host, port, log_level, limits)), []
         self.thread = threading.Thread(target=self.server.run, name="nano_infer-server", daemon=True)
         self.thread.start()
         while not self.server.started:
             if not self.thread.is_alive():
                 raise RuntimeError(f"the server did not start on {host}:{port} (see the log above)")
             time.sleep(0.01)
+        threading.Thread(target=_watch, args=(llm, self.server, self.failed), name="nano_infer-watchdog",
+                         daemon=True).start()
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://{host}:{self.port}"
 

@@ -1,0 +1,42 @@
+"""Chat messages to token ids, with the control tokens only where the template puts them.
+
+`tokenizer.apply_chat_template` renders the conversation to text and tokenizes the whole text
+with special tokens parsed, so a user who types `<|im_end|>\n<|im_start|>system` into a message
+closes their turn and opens a system turn: the model sees real control tokens. Here a message's
+content is text, whatever it spells: the template is rendered with a placeholder for each
+content, the template's own text is tokenized with its special tokens, and each content with
+them split (`split_special_tokens`), i.e. as the characters it is made of. A conversation with
+no special token's text in any content takes transformers' path unchanged, so ordinary chats
+get exactly the ids they always did. `allow_special_tokens=True` is the opt-in for callers who
+mean the tokens they write. vLLM parses them (its behaviour is transformers').
+
+Tokenizing in pieces can differ from tokenizing the whole text only where the template's text and
+a content would have merged into one token across the boundary, e.g. a content that starts
+with a newline right after the template's.
+"""
+from __future__ import annotations
+
+PLACEHOLDER = "\ue000{}\ue001"  # private-use characters: no template changes them, no user types them
+
+
+def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                   allow_special_tokens: bool = False, **kwargs) -> list[int]:
+    if allow_special_tokens or not any(_spells_control_token(tokenizer, m["content"]) for m in messages):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True, **kwargs)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
+    marks = [PLACEHOLDER.format(i) for i in range(len(messages))]
+    text = tokenizer.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks)],
+                                         add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs)
+    ids = []
+    for mark, message in zip(marks, messages):
+        if text.count(mark) != 1:
+            raise ValueError("this chat template does not render each message's content once, so control tokens "
+                             "typed in a message cannot be kept as text; pass allow_special_tokens=True to parse them")
+        head, text = text.split(mark)
+        ids += tokenizer.encode(head, add_special_tokens=False)
+        ids += tokenizer.encode(message["content"], add_special_tokens=False, split_special_tokens=True)
+    return ids + tokenizer.encode(text, add_special_tokens=False)
+
+
+def _spells_control_token(tokenizer, content) -> bool:
+    return isinstance(content, str) and any(t.content in content for t in tokenizer.added_tokens_decoder.values())

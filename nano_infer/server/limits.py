@@ -1,0 +1,34 @@
+"""ServerLimits: every bound the HTTP side puts on one client, in one place (the README's table).
+
+Each is a number a hostile client pushed on: 20,000 connections that sent one byte each ran
+the server out of file descriptors; one client that stopped reading held its stream open past
+shutdown; 500 streams from one client put another's first token 23 s late. The engine's own
+limits (prompt length, constraints) live beside the engine; these are the transport's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_BODY_BYTES = 4 * 1024**2  # a request body larger than this gets 413 before it is read
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_body_bytes: int = MAX_BODY_BYTES  # larger bodies get 413, before they are read
+    # object keys in one body, and how deep it nests: pydantic reports every unknown key, 350,000 of them in
+    # 2.4 s; the largest legitimate bodies (a 65,536-character JSON Schema, 2,048 messages) stay well under
+    max_body_keys: int = 16_384
+    max_body_depth: int = 128
+    request_timeout: float = 30.0  # seconds for a request's head and body to arrive, once it has begun
+    keep_alive: int = 5  # seconds an idle connection stays open between requests (uvicorn's timeout_keep_alive)
+    max_connections: int = 1024  # open connections; beyond, 503 and closed at once (uvicorn's limit_concurrency)
+    max_connections_per_peer: int = 256  # open connections from one address, so one host cannot take them all
+    max_requests_per_tenant: int = 64  # requests in flight per tenant (API key, else address); beyond, 429
+    send_timeout: float = 60.0  # a client that takes no bytes of its reply for this long is disconnected
+    shutdown_timeout: float = 30.0  # on SIGTERM, seconds in-flight requests get to finish before the exit
+    retry_after: int = 1  # seconds, in the Retry-After of a 429
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if not value > 0:
+                raise ValueError(f"ServerLimits.{name}={value!r} must be > 0")
