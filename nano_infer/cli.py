@@ -36,24 +36,38 @@ def announce_default_model() -> None:
           "Qwen/Qwen2.5-1.5B-Instruct.", file=sys.stderr)
 
 
-def generate(args: argparse.Namespace) -> int:
-    from .engine import LLMEngine
+def _params(args: argparse.Namespace):
+    from .beam import BeamSearchParams
     from .sampling_params import SamplingParams
 
+    if args.beam_width is None:
+        return SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                              seed=args.seed, ignore_eos=args.ignore_eos)
+    if args.seed is not None or args.top_p != 1.0:
+        raise ValueError("--seed and --top-p sample; beam search (--beam-width) does not")
+    return BeamSearchParams(args.beam_width, args.max_tokens, ignore_eos=args.ignore_eos,
+                            temperature=args.temperature, length_penalty=args.length_penalty)
+
+
+def generate(args: argparse.Namespace) -> int:
+    from .engine import LLMEngine
+
     try:
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
-                                seed=args.seed, ignore_eos=args.ignore_eos)
+        params = _params(args)
         engine = LLMEngine(args.model, **engine_kwargs(args))
+        stream = args.beam_width is None
         if args.chat:
             ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
                                                        add_generation_prompt=True, tokenize=True)
             ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-            engine.add_request("cli", None, params, prompt_token_ids=ids, stream=True)
+            engine.add_request("cli", None, params, prompt_token_ids=ids, stream=stream)
         else:
-            engine.add_request("cli", args.prompt, params, stream=True)
+            engine.add_request("cli", args.prompt, params, stream=stream)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not stream:
+        return _print_beams(engine, params)
     printed = 0
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -62,6 +76,21 @@ def generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             printed = len(text)
     sys.stdout.write("\n")
+    return 0
+
+
+def _print_beams(engine, params) -> int:
+    """Beam search ends all at once: each hypothesis on its own line, best first, with its score."""
+    from .beam import length_penalised
+
+    out = None
+    while engine.has_unfinished_requests():
+        out = next((o for o in engine.step() if o.finished), out)
+    for rank, c in enumerate(out.outputs, 1):
+        score = length_penalised([c.cumulative_logprob], len(c.token_ids), params.length_penalty)[0]
+        print(f"[{rank}] score {score:.4f}, logprob {c.cumulative_logprob:.4f}, {len(c.token_ids)} tokens, "
+              f"{c.finish_reason}")
+        print("    " + c.text.replace("\n", "\n    "))
     return 0
 
 
@@ -76,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None, help="makes a sampled completion reproducible")
     gen.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    gen.add_argument("--beam-width", type=int, default=None,
+                     help="beam search with this many beams: prints the best hypotheses, not a stream")
+    gen.add_argument("--length-penalty", type=float, default=1.0,
+                     help="beam search: a hypothesis scores logprob / length ** this")
     add_engine_args(gen)
     gen.set_defaults(func=generate)
     try:

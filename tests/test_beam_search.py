@@ -275,3 +275,50 @@ def test_bad_requests_are_refused_before_anything_runs(eosy_dir):
     spec = LLM(str(eosy_dir), dtype="float32", speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="speculative decoding"):
         spec.beam_search(PROMPTS[0], BeamSearchParams(2, 4))
+
+
+# -- real checkpoints: chats, where the end-of-turn token ends beams -------------------------------------------------
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "Answer in one short sentence."}, {"role": "user", "content": "Why is the sky blue?"}],
+]
+
+
+def check_chats(llm, hf, chats, params):
+    prompts = [llm.apply_chat_template(c) for c in chats]
+    outs = llm.beam_search([{"prompt_token_ids": p} for p in prompts], params)
+    for ids, out in zip(prompts, outs):
+        ref, scores = hf_beams(hf, ids, params, llm.engine.eos_token_ids, llm.tokenizer.pad_token_id)
+        assert [s.tokens for s in out.sequences] == ref
+        assert [s.score for s in out.sequences] == pytest.approx(scores, abs=1e-3)
+    return outs
+
+
+def test_shipped_chat_model_beams_match_transformers():
+    from test_tiny_model import MESSAGES, TINY
+    from transformers import AutoModelForCausalLM
+
+    llm = LLM(str(TINY), dtype="float32", block_size=8)
+    hf = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32, attn_implementation="sdpa").eval()
+    chats = [MESSAGES, [{"role": "system", "content": "You are JULIET in Romeo and Juliet. Stay in character."},
+                        {"role": "user", "content": "ROMEO: Lady, by yonder blessed moon I swear."}]]
+    ended = 0
+    for width, early_stopping in ((2, False), (4, True), (3, "never")):
+        outs = check_chats(llm, hf, chats, BeamSearchParams(width, 40, early_stopping=early_stopping))
+        ended += sum(s.finish_reason == "stop" for o in outs for s in o.sequences)
+    assert ended > 0  # some hypotheses ended their turn before the limit
+    assert_all_free(llm.engine)
+
+
+def test_gguf_smollm2_beams_match_transformers():
+    from test_gguf import GGUF
+    from transformers import AutoModelForCausalLM
+
+    if not GGUF.is_file():
+        pytest.fail(f"{GGUF} is absent: `make models` fetches it (make test does)")
+    llm = LLM(str(GGUF), dtype="float32", block_size=8)
+    hf = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32,
+                                              attn_implementation="sdpa").eval()
+    outs = check_chats(llm, hf, CHATS, BeamSearchParams(3, 48, length_penalty=1.0))
+    assert any(s.finish_reason == "stop" for o in outs for s in o.sequences)
+    assert_all_free(llm.engine)

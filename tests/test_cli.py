@@ -23,3 +23,19 @@ def test_default_model_is_named_with_its_size(monkeypatch, capsys):
     monkeypatch.setenv("NANO_INFER_MODEL", "Qwen/Qwen2.5-0.5B-Instruct")
     announce_default_model()
     assert "model: Qwen/Qwen2.5-0.5B-Instruct (the default" in capsys.readouterr().err
+
+
+def test_generate_with_beams_prints_every_hypothesis_best_first(qwen2_dir, capsys):
+    from nano_infer import LLM, BeamSearchParams
+
+    expected = LLM(str(qwen2_dir), dtype="float32").beam_search("To be, or not", BeamSearchParams(3, 6))[0]
+    capsys.readouterr()
+    assert main(["generate", "To be, or not", "--beam-width", "3", "--max-tokens", "6", "--model", str(qwen2_dir),
+                 "--dtype", "float32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    headers = [line for line in lines if line.startswith("[")]
+    assert [h.split()[0] for h in headers] == ["[1]", "[2]", "[3]"]
+    for header, s in zip(headers, expected.sequences):
+        assert f"score {s.score:.4f}" in header and f"{len(s.output_tokens)} tokens, {s.finish_reason}" in header
+    assert main(["generate", "x", "--beam-width", "2", "--seed", "1", "--model", str(qwen2_dir)]) == 2
+    assert "beam search (--beam-width) does not" in capsys.readouterr().err

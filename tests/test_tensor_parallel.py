@@ -17,8 +17,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from model_factory import make_model_dir
-from nano_infer import LLM, SamplingParams
+from beam_reference import hf_beams
+from model_factory import hf_model, make_model_dir
+from nano_infer import LLM, BeamSearchParams, SamplingParams
 from nano_infer.distributed import TPShard, check_tp_sizes
 from nano_infer.models.loader import load_config, load_model
 from test_parity import GREEDY, prompts, reference
@@ -123,12 +124,15 @@ def test_the_shards_of_every_weight_put_back_together_give_the_weight(qwen2_dir,
 
 
 # -- the engine across processes ----------------------------------------------------------------------
-def test_tp2_matches_one_process_and_transformers_with_preemption_prefix_cache_and_chunked_prefill(qwen2_dir, qwen2_ref):
+def test_tp2_matches_one_process_and_transformers_with_preemption_prefix_cache_chunked_prefill_and_beams(qwen2_dir, qwen2_ref):
     ps, ref = qwen2_ref
     config = dict(block_size=4, num_kv_blocks=16, prefix_cache="radix", max_num_batched_tokens=8)
     sampled = SamplingParams(temperature=0.8, top_p=0.9, n=2, seed=7, max_tokens=12)
     single = LLM(str(qwen2_dir), dtype="float32", **config)
     expected_sampled = tokens(single.generate(prompt_token_ids=ps[:3], sampling_params=sampled))
+    beams, short = BeamSearchParams(3, 8), [p[:6] for p in ps[:2]]
+    expected_beams = [hf_beams(hf_model(qwen2_dir), p, beams, single.engine.eos_token_ids,
+                               single.tokenizer.pad_token_id)[0] for p in short]
     with LLM(str(qwen2_dir), dtype="float32", tensor_parallel_size=2, **config) as llm:
         pids = llm.engine.executor.worker_pids
         assert len(pids) == 1 and pids[0] in children()
@@ -139,6 +143,8 @@ def test_tp2_matches_one_process_and_transformers_with_preemption_prefix_cache_a
         assert sum(o.metrics.num_preemptions for o in first + second) > 0
         assert sum(o.num_cached_tokens for o in second) > 0
         assert tokens(llm.generate(prompt_token_ids=ps[:3], sampling_params=sampled)) == expected_sampled
+        found = llm.beam_search([{"prompt_token_ids": p} for p in short], beams)  # forks on both ranks' blocks
+        assert [[s.tokens for s in o.sequences] for o in found] == expected_beams
         engine = llm.engine
         engine.kv.clear()
         assert engine.kv.num_free_blocks == engine.kv.num_blocks and not any(engine.kv.ref_count)
@@ -194,7 +200,7 @@ DRIVER = """
 import signal
 import sys
 import torch
-from nano_infer import LLM, SamplingParams
+from nano_infer import LLM, BeamSearchParams, SamplingParams
 if __name__ == "__main__":
     # as in a terminal: a launcher that runs the tests in the background leaves SIGINT ignored, and children inherit that
     signal.signal(signal.SIGINT, signal.default_int_handler)
