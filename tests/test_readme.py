@@ -42,7 +42,9 @@ def test_readme_python_runs_and_the_gguf_model_answers_paris(monkeypatch):
         pytest.skip(f"{GGUF} is missing: `make models` fetches it (make test does)")
     monkeypatch.chdir(ROOT)  # the README's paths are relative to the checkout
     printed = run_python_blocks(ROOT / "README.md")
-    assert "Paris" in printed.splitlines()[-1], printed[-300:]
+    assert any("Paris" in line for line in printed.splitlines()), printed[-300:]
+    scores = [float(line.split()[0]) for line in printed.splitlines() if re.match(r"-\d+\.\d+ -\d+\.\d+ (stop|length)", line)]
+    assert len(scores) == 4 and scores == sorted(scores, reverse=True)  # the beam-search block's 4 hypotheses
 
 
 def test_notebooks_readme_python_runs():
