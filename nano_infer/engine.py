@@ -156,7 +156,8 @@ class LLMEngine:
         req.seqs = [req.new_sequence(i, self.device, self.tokenizer) for i in range(1 if fork else params.n)]
         req.seqs[0].num_pending_forks = params.n - 1 if fork else 0
         if beam is not None:
-            req.beam = BeamState.start(beam, req.seqs[0], self.eos_token_ids, params.max_tokens)
+            max_new = params.max_tokens or self.max_model_len - len(prompt_token_ids)
+            req.beam = BeamState.start(beam, req.seqs[0], self.eos_token_ids, max_new)
         self.requests[request_id] = req
         for seq in req.seqs:
             self.scheduler.add(seq)
@@ -179,14 +180,13 @@ class LLMEngine:
                 f"request needs up to {cdiv(n_prompt + max_tokens, self.kv.block_size)} KV blocks but the pool has "
                 f"{self.kv.num_blocks}; it could never fit: lower max_tokens or give the cache more memory")
         if beam is not None:
-            self._check_beam(beam, n_prompt)
+            self._check_beam(beam.beam_width, n_prompt, max_tokens)
         elif params.n > self.config.max_num_seqs:
             raise ValueError(f"n={params.n} samples run side by side, but max_num_seqs={self.config.max_num_seqs}")
 
-    def _check_beam(self, beam: BeamSearchParams, n_prompt: int) -> None:
+    def _check_beam(self, k: int, n_prompt: int, max_tokens: int) -> None:
         """Beams fork onto shared blocks, all `beam_width` of them live at once, and decide each round
         from their own logits: what that rules out is refused before anything runs."""
-        k = beam.beam_width
         if self.config.kv_cache == "contiguous":
             raise ValueError("beam search forks beams onto shared KV blocks: it needs kv_cache='paged' (or 'none'), "
                              "not 'contiguous'")
@@ -197,9 +197,9 @@ class LLMEngine:
             raise ValueError(f"beam_width={k} beams run side by side, but max_num_seqs={self.config.max_num_seqs}")
         if self.kv is not None and self.config.kv_cache == "paged":
             bs = self.kv.block_size
-            shared, own = n_prompt // bs, cdiv(n_prompt + beam.max_tokens, bs) - n_prompt // bs
+            shared, own = n_prompt // bs, cdiv(n_prompt + max_tokens, bs) - n_prompt // bs
             if shared + k * own > self.kv.num_blocks:
-                raise ValueError(f"beam_width={k} beams of up to {n_prompt + beam.max_tokens} tokens need up to "
+                raise ValueError(f"beam_width={k} beams of up to {n_prompt + max_tokens} tokens need up to "
                                  f"{shared + k * own} KV blocks but the pool has {self.kv.num_blocks}; lower "
                                  f"beam_width or max_tokens, or give the cache more memory")
 

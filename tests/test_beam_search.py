@@ -103,6 +103,15 @@ def test_temperature_and_ignore_eos(eosy):
     assert all(len(s.output_tokens) == 12 and s.finish_reason == "length" for o in outs for s in o.sequences)
 
 
+def test_max_tokens_none_runs_to_the_model_length(eosy_dir, eosy):
+    _, hf = eosy
+    llm = LLM(str(eosy_dir), dtype="float32", block_size=4, max_model_len=24)
+    ids = llm.tokenizer.encode(PROMPTS[0])
+    out = llm.beam_search({"prompt_token_ids": ids}, BeamSearchParams(3, None, ignore_eos=True))[0]
+    ref, _ = hf_beams(hf, ids, BeamSearchParams(3, 24 - len(ids), ignore_eos=True), (), llm.tokenizer.pad_token_id)
+    assert [s.tokens for s in out.sequences] == ref and all(len(s.tokens) == 24 for s in out.sequences)
+
+
 def test_outputs_carry_text_scores_and_prompt(eosy):
     llm, _ = eosy
     params = BeamSearchParams(3, 16, length_penalty=1.0)

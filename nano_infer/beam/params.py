@@ -20,7 +20,7 @@ class BeamSearchParams:
     """
 
     beam_width: int
-    max_tokens: int
+    max_tokens: int | None  # None: up to the model's length
     ignore_eos: bool = False
     temperature: float = 0.0
     length_penalty: float = 1.0
@@ -33,8 +33,8 @@ class BeamSearchParams:
 
         if not _is_int(self.beam_width) or self.beam_width < 1:
             bad("beam_width", "an integer >= 1")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            bad("max_tokens", "an integer >= 1")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            bad("max_tokens", "an integer >= 1 (or None: up to the model's length)")
         if not _is_real(self.temperature) or self.temperature < 0:
             bad("temperature", "a finite number >= 0 (0 scores the raw distribution)")
         if not _is_real(self.length_penalty):
