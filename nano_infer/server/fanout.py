@@ -9,6 +9,10 @@ Nothing is yielded before every prompt has been accepted by the engine (has its 
 bad input in any prompt raises before the reply begins, when it can still be a 400. A failure in
 one prompt, or the consumer leaving (a disconnect), cancels the others, which aborts them and
 frees their KV blocks.
+
+The merging queue holds at most one output per prompt: a consumer that stops reading (a client
+that stops reading its stream) stops the pumps, and AsyncLLM's mailbox keeps only the newest
+output, so a stalled stream holds a few outputs, not one per step.
 """
 from __future__ import annotations
 
@@ -25,16 +29,16 @@ async def fan_out(llm, prompts: list, params, request_id: str, *, stream: bool, 
     """RequestOutputs of every prompt, choices renumbered. `echo_only` (max_tokens 0 with echo) drops
     what was generated: the one token sampled from the prompt's last row, which costs no extra pass.
     `tenant` and `priority` go to AsyncLLM's admission."""
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue = asyncio.Queue(maxsize=len(prompts))
 
     async def pump(i: int, prompt) -> None:
         try:
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             async for out in llm.generate(prompt, params, rid, stream=stream, tenant=tenant, priority=priority):
-                queue.put_nowait((i, out))
-            queue.put_nowait((i, _DONE))
+                await queue.put((i, out))
+            await queue.put((i, _DONE))
         except Exception as e:  # noqa: BLE001 - raised to the consumer, which cancels the other prompts
-            queue.put_nowait((i, e))
+            await queue.put((i, e))
 
     tasks = [asyncio.ensure_future(pump(i, p)) for i, p in enumerate(prompts)]
     held, accepted, live = [], set(), len(tasks)
