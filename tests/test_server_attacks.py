@@ -319,7 +319,7 @@ def _read_all(sock) -> bytes:
 def test_3_a_large_reply_is_refused_up_front_and_one_at_the_cap_is_built_off_the_loop(tenants):
     llm, server = tenants
     too_big = as_attacker(server.url, "/v1/chat/completions", chat(
-        n=16, max_tokens=500, logprobs=True, top_logprobs=20, ignore_eos=True))
+        n=16, max_tokens=400, logprobs=True, top_logprobs=20, ignore_eos=True))  # 134,400 logprobs
     assert too_big.status_code == 400 and "could carry" in too_big.json()["error"]["message"], too_big.text[:300]
     at_cap = {"prompt": "To be", "n": 12, "max_tokens": 500, "logprobs": 20, "ignore_eos": True}  # 126,000 logprobs
     r = beside_victims(server.url, lambda: as_attacker(server.url, "/v1/completions", at_cap, timeout=120))
@@ -350,7 +350,7 @@ def test_4_a_client_that_stops_reading_holds_one_output_and_is_cut_off(tenants):
 
     sock = beside_victims(server.url, stall)
     gc.collect()
-    held = sum(1 for o in gc.get_objects() if isinstance(o, RequestOutput))  # the client is still connected
+    held = sum(1 for o in gc.get_objects() if type(o) is RequestOutput)  # the client is still connected
     sock.close()
     assert held < 10, held  # at most the stalled stream's newest output: not one per step
     settle(llm)
@@ -498,7 +498,8 @@ def test_12_sigterm_with_a_client_that_stops_reading_exits_by_the_deadline(qwen2
                             start_new_session=True)
     try:
         wait_until_serving(proc, url)
-        body = json.dumps({"prompt": "To be", "n": 16, "max_tokens": 500, "logprobs": 5, "ignore_eos": True,
+        # ~6 MB of events (130,560 logprobs, under the reply cap): more than the sockets' buffers hold
+        body = json.dumps({"prompt": "To be", "n": 16, "max_tokens": 480, "logprobs": 16, "ignore_eos": True,
                            "stream": True}).encode()
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -514,7 +515,7 @@ def test_12_sigterm_with_a_client_that_stops_reading_exits_by_the_deadline(qwen2
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert proc.returncode == 0 and "Traceback" not in err, err[:3000]
 
 
 def test_13_a_schema_nested_480_levels_gets_a_400(tenants):

@@ -33,7 +33,7 @@ from ..sampling_params import SamplingParams
 from .body import BodyParser
 from .errors import EXCEPTION_HANDLERS, APIError
 from .fanout import fan_out
-from .guard import _Guard
+from .guard import Drain, _Guard
 from .limits import ServerLimits
 from .render import _events, _Render, _whole_reply, whole_reply_bytes
 from .tenants import Tenants
@@ -46,16 +46,17 @@ def public_model_name(llm: AsyncLLM) -> str:
 
 
 def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str | tuple[str, ...] | None = None,
-              allowed_hosts: tuple[str, ...] | None = None, limits: ServerLimits = ServerLimits()) -> FastAPI:
+              allowed_hosts: tuple[str, ...] | None = None, limits: ServerLimits = ServerLimits(),
+              drain: Drain | None = None) -> FastAPI:
     """The FastAPI app. `api_key`: one key, or several (a tenant each). `allowed_hosts=None` accepts any
     Host header (a server bound to all interfaces behind its own proxy); run_server and BackgroundServer
-    pass LOCAL_HOSTS when bound to localhost."""
+    pass LOCAL_HOSTS when bound to localhost, and a Drain they set when the server is told to stop."""
     model_name = served_model_name or public_model_name(llm)
     app = FastAPI(title="nano_infer", docs_url=None, redoc_url=None, openapi_url=None,
                   exception_handlers=EXCEPTION_HANDLERS)
     keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
     app.add_middleware(_Guard, allowed_hosts=allowed_hosts, limits=limits,
-                       tenants=Tenants(keys, limits.max_requests_per_tenant, limits.retry_after))
+                       tenants=Tenants(keys, limits.max_requests_per_tenant, limits.retry_after), drain=drain or Drain())
     _add_probes(app, llm, EngineMetrics(llm.engine, model_name))
     _add_api(app, llm, model_name, BodyParser(limits))
     return app
@@ -185,7 +186,19 @@ async def _generate(llm: AsyncLLM, request: Request, body, prompts: list, params
     options = body.stream_options
     events = _events(first, outputs, head, render, options is not None and options.include_usage,
                      options is not None and options.continuous_usage_stats)
-    return StreamingResponse(events, media_type="text/event-stream")
+    return _ClosingStream(events, media_type="text/event-stream")
+
+
+class _ClosingStream(StreamingResponse):
+    """A stream that closes its events however it ends (a client cut off, a task cancelled at the shutdown
+    deadline), so its requests are aborted there and then, not by asyncio's clean-up of abandoned
+    generators as the loop closes, where a second Ctrl-C or SIGTERM could interrupt them."""
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
 
 
 async def _unless_disconnected(request: Request, awaitable):

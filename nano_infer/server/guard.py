@@ -9,7 +9,9 @@ is checked next, then the tenant's requests in flight (tenants.py), so a client 
 costs no parsing at all. A body over `max_body_bytes` gets 413 whether it announces its length or
 not (chunked: counted as it arrives). A client that takes no bytes of its reply for
 `send_timeout` seconds is cut off: its request is aborted instead of holding memory and a
-connection until the server stops.
+connection until the server stops. Once the server is stopping (`Drain`) and its shutdown
+deadline has passed, a stream still running ends cleanly at its next chunk (an error event, then
+`[DONE]`), and a client that does not take that either is cut off a second later.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import asyncio
 import json
 import logging
 import re
+import time
+from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException
 
@@ -38,15 +42,34 @@ def allowed_hosts_for(host: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]
     return extra or None
 
 
+LAST_SEND_S = 1.0  # past the shutdown deadline, how long the last chunk of a stream may take to go out
+_SHUTTING_DOWN = ('data: {"error": {"message": "the server is shutting down", "type": "service_unavailable", '
+                  '"param": null, "code": null}}\n\ndata: [DONE]\n\n').encode()
+
+
+@dataclass
+class Drain:
+    """When in-flight streams must end: set by the runner once the server is told to stop."""
+
+    deadline: float | None = None
+
+    def over(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+
 class _SlowReader(Exception):
-    """The client took nothing of its reply for send_timeout seconds."""
+    """The client took nothing of its reply for send_timeout seconds (or its last chunk at shutdown)."""
+
+
+class _Ended(Exception):
+    """The stream was ended for the shutdown: its response is complete."""
 
 
 class _Guard:
     """ASGI middleware run before any route (see the module's docstring)."""
 
-    def __init__(self, app, allowed_hosts: tuple[str, ...] | None, limits: ServerLimits, tenants: Tenants):
-        self.app, self.allowed_hosts, self.limits, self.tenants = app, allowed_hosts, limits, tenants
+    def __init__(self, app, allowed_hosts: tuple[str, ...] | None, limits: ServerLimits, tenants: Tenants, drain: Drain):
+        self.app, self.allowed_hosts, self.limits, self.tenants, self.drain = app, allowed_hosts, limits, tenants, drain
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -62,8 +85,10 @@ class _Guard:
                 return await self.app(scope, self._limited(receive), self._timed(send))
         except APIError as error:
             return await _send_error(send, error)
+        except _Ended:
+            pass
         except _SlowReader:
-            log.warning("a client took nothing of its reply for %g s (send_timeout): disconnected",
+            log.warning("a client took nothing of its reply for %g s (send_timeout), or at shutdown: disconnected",
                         self.limits.send_timeout)
 
     def _check_head(self, headers: dict[bytes, bytes]) -> None:
@@ -90,10 +115,22 @@ class _Guard:
 
     def _timed(self, send):
         async def timed_send(message):
+            if self.drain.over() and message["type"] == "http.response.body" and message.get("more_body"):
+                await within(send({"type": "http.response.body", "body": _SHUTTING_DOWN, "more_body": False}), LAST_SEND_S)
+                raise _Ended
+            await within(send(message), self.limits.send_timeout)
+
+        async def within(sending, seconds: float):
+            """Await the send; _SlowReader after `seconds`, or a second after the shutdown deadline."""
+            task, start = asyncio.ensure_future(sending), time.monotonic()
             try:
-                await asyncio.wait_for(send(message), self.limits.send_timeout)
-            except asyncio.TimeoutError:
-                raise _SlowReader from None
+                while not (await asyncio.wait({task}, timeout=0.25))[0]:
+                    now = time.monotonic()
+                    if now - start > seconds or self.drain.over() and now > self.drain.deadline + LAST_SEND_S:
+                        raise _SlowReader
+                return task.result()
+            finally:
+                task.cancel()
         return timed_send
 
     def _too_large(self) -> APIError:

@@ -6,6 +6,11 @@ ServerLimits (its own keep-alive timeout, limit_concurrency and graceful-shutdow
 connections.py for what it lacks). lifespan="off": the app has no startup or shutdown work, the
 AsyncLLM it serves is started and shut down by its owner.
 
+When the server is told to stop (SIGTERM, Ctrl-C, stop()), in-flight requests get
+`shutdown_timeout` seconds; then each stream ends cleanly at its next chunk (guard.Drain) and a
+client that reads nothing is cut off, so the process exits even with a client that stopped
+reading (uvicorn's own deadline, a few seconds later, is only the backstop).
+
 An engine that can no longer serve (its thread ended, a tensor-parallel worker died) would
 fail every request for as long as the process lives, while a supervisor saw it running. So a
 watchdog stops the server when `AsyncLLM.failure()` says so: /health answers 503 from the
@@ -24,21 +29,23 @@ import uvicorn
 from ..async_engine import AsyncLLM
 from .app import build_app
 from .connections import protocol_class
-from .guard import allowed_hosts_for
+from .guard import Drain, allowed_hosts_for
 from .limits import ServerLimits
 
 log = logging.getLogger("nano_infer.server")
 WATCH_S = 0.5  # how often the watchdog asks the engine whether it can still serve
+BACKSTOP_S = 5  # uvicorn cancels what is left this long after the drain's deadline
 SPARE_FDS = 64  # descriptors kept for the model's files, the compile workers' pipes, the log
 
 
 def _config(app, host: str, port: int, log_level: str, limits: ServerLimits) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off", http=protocol_class(limits),
                           timeout_keep_alive=limits.keep_alive, limit_concurrency=limits.max_connections,
-                          timeout_graceful_shutdown=limits.shutdown_timeout)
+                          timeout_graceful_shutdown=limits.shutdown_timeout + BACKSTOP_S)
 
 
-def _watch(llm: AsyncLLM, server: uvicorn.Server, failed: list) -> None:
+def _watch(llm: AsyncLLM, server: uvicorn.Server, drain: Drain, limits: ServerLimits, failed: list) -> None:
+    """Stop the server if the engine cannot serve; once it is stopping, set the drain's deadline."""
     while not server.should_exit:
         failure = llm.failure()
         if failure is not None:
@@ -46,6 +53,7 @@ def _watch(llm: AsyncLLM, server: uvicorn.Server, failed: list) -> None:
             failed.append(failure)
             server.should_exit = True
         time.sleep(WATCH_S)
+    drain.deadline = time.monotonic() + limits.shutdown_timeout
 
 
 def _descriptors_for(limits: ServerLimits) -> ServerLimits:
@@ -64,10 +72,11 @@ def run_server(llm: AsyncLLM, host: str = "127.0.0.1", port: int = 8000, served_
                log_level: str = "info", api_key: str | tuple[str, ...] | None = None,
                allowed_hosts: tuple[str, ...] = (), limits: ServerLimits = ServerLimits()) -> bool:
     """Serve until Ctrl-C or SIGTERM (blocking); False if it stopped because the engine cannot serve."""
-    limits = _descriptors_for(limits)
-    app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), limits)
+    limits, drain = _descriptors_for(limits), Drain()
+    app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), limits, drain)
     server, failed = uvicorn.Server(_config(app, host, port, log_level, limits)), []
-    threading.Thread(target=_watch, args=(llm, server, failed), name="nano_infer-watchdog", daemon=True).start()
+    threading.Thread(target=_watch, args=(llm, server, drain, limits, failed), name="nano_infer-watchdog",
+                     daemon=True).start()
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn raised the signal again after stopping, as uvicorn.run expects
@@ -87,7 +96,8 @@ class BackgroundServer:
                  served_model_name: str | None = None, log_level: str = "warning",
                  api_key: str | tuple[str, ...] | None = None, allowed_hosts: tuple[str, ...] = (),
                  limits: ServerLimits = ServerLimits(shutdown_timeout=2)):
-        app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), limits)
+        drain = Drain()
+        app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), limits, drain)
         self.server, self.failed = uvicorn.Server(_config(app, host, port, log_level, limits)), []
         self.thread = threading.Thread(target=self.server.run, name="nano_infer-server", daemon=True)
         self.thread.start()
@@ -95,7 +105,7 @@ class BackgroundServer:
             if not self.thread.is_alive():
                 raise RuntimeError(f"the server did not start on {host}:{port} (see the log above)")
             time.sleep(0.01)
-        threading.Thread(target=_watch, args=(llm, self.server, self.failed), name="nano_infer-watchdog",
+        threading.Thread(target=_watch, args=(llm, self.server, drain, limits, self.failed), name="nano_infer-watchdog",
                          daemon=True).start()
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://{host}:{self.port}"
