@@ -194,7 +194,9 @@ class AsyncLLM:
     def _run(self) -> None:
         error: BaseException = RuntimeError("AsyncLLM was shut down")
         try:
-            while self._take_inbox(block=not self.engine.has_unfinished_requests()):
+            # sleep only when idle: nothing in the engine and nothing waiting for admission (a request the
+            # engine's last finished one made room for is admitted at once, not at the next message)
+            while self._take_inbox(block=not self.engine.has_unfinished_requests() and not self._admission.queues):
                 self._admit()
                 if not self.engine.has_unfinished_requests():
                     continue

@@ -116,6 +116,10 @@ class _GenerateBody(_Body):
     guided_choice: Capped(StrictStr, MAX_CHOICE_OPTIONS) | None = None
     guided_decoding_backend: StrictStr | None = None  # one backend here: any name picks it
     structured_outputs: StructuredOutputs | None = None
+    # vLLM's beam search (beam/protocol.py): n beams, the n best hypotheses as the choices, not streamed
+    use_beam_search: StrictBool = False
+    length_penalty: Number = 1.0
+    early_stopping: StrictBool | Literal["never"] = False
     # defined by OpenAI or vLLM, not implemented: accepted only with the neutral value (NEUTRAL)
     frequency_penalty: Number | None = None
     presence_penalty: Number | None = None
@@ -195,9 +199,8 @@ def check_reply_size(echoed: list[int], n: int, max_tokens: int | None, logprobs
                             f"samples, tokens or logprobs", param="logprobs")
 
 
-def sampling_params(body: _GenerateBody, max_tokens: int | None, logprobs: int | None,
-                    prompt_logprobs: int | None = None) -> SamplingParams:
-    """The SamplingParams `body` asks for; ProtocolError (400) for anything it cannot honour."""
+def check_unsupported(body: _GenerateBody) -> None:
+    """Fields nano_infer does not implement are refused unless neutral (400 naming the field)."""
     for name, neutral in NEUTRAL.items():
         value = getattr(body, name, None)
         if value is not None and value not in neutral:
@@ -205,6 +208,15 @@ def sampling_params(body: _GenerateBody, max_tokens: int | None, logprobs: int |
                                 + (f" or send {neutral[0]!r}" if neutral else ""), param=name)
     if isinstance(body, CompletionBody) and body.best_of not in (None, body.n):
         raise ProtocolError("best_of is not supported (only best_of == n)", param="best_of")
+
+
+def sampling_params(body: _GenerateBody, max_tokens: int | None, logprobs: int | None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
+    """The SamplingParams `body` asks for; ProtocolError (400) for anything it cannot honour."""
+    check_unsupported(body)
+    for name, default in (("length_penalty", 1.0), ("early_stopping", False)):
+        if getattr(body, name) != default:
+            raise ProtocolError(f"{name} applies to beam search only: send use_beam_search: true", param=name)
     regex, schema, choice = _constraint(body)
     try:
         return SamplingParams(n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,

@@ -186,7 +186,7 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         if self.policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
             # stable sort: ties keep arrival order
-            self.waiting = deque(sorted(self.waiting, key=lambda s: -self.kv.match_len(s.token_ids)))
+            self.waiting = deque(sorted(self.waiting, key=lambda s: -self.kv.match_len(s.token_ids, s.params.cache_salt)))
         # a seat for every running sequence and for each sample it will still fork off (n > 1)
         seats = len(self.running) + sum(s.num_pending_forks for s in self.running)
         while self.waiting and budget > 0:

@@ -26,6 +26,7 @@ class BeamSearchParams:
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
     early_stopping: bool | str = False
+    cache_salt: str | None = None  # as SamplingParams.cache_salt: prefix blocks shared only within a salt
 
     def __post_init__(self):
         def bad(name, allowed):
@@ -47,7 +48,17 @@ class BeamSearchParams:
 
     def sampling_params(self) -> SamplingParams:
         """What every beam of the request carries as a sequence: its length limit and what ends it."""
-        return SamplingParams(n=self.beam_width, temperature=0.0, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos)
+        return SamplingParams(n=self.beam_width, temperature=0.0, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
+                              cache_salt=self.cache_salt)
+
+    # what the server and AsyncLLM read of any request's params, as they read SamplingParams
+    @property
+    def n(self) -> int:
+        return self.beam_width
+
+    stop = ()
+    logprobs = None
+    constrained = False
 
     @property
     def scale(self) -> float | None:

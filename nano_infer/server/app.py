@@ -25,6 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..async_engine import AsyncLLM, EngineUnavailable
+from ..beam import BeamSearchParams
+from ..beam.protocol import beam_search_params
 from ..constrained.compile_pool import CompilePoolBusy, TenantCompilesBusy
 from ..metrics import EngineMetrics
 from ..protocol import (ChatBody, CompletionBody, ContentPart, ProtocolError, check_reply_size, completion_prompts,
@@ -134,9 +136,17 @@ def _refusal():
 
 
 def _sampling_params(body, max_tokens: int | None, logprobs: int | None = None,
-                     prompt_logprobs: int | None = None) -> SamplingParams:
+                     prompt_logprobs: int | None = None) -> SamplingParams | BeamSearchParams:
     with _refusal():
-        return sampling_params(body, max_tokens, logprobs, prompt_logprobs)
+        make = beam_search_params if body.use_beam_search else sampling_params
+        return make(body, max_tokens, logprobs, prompt_logprobs)
+
+
+def _param_of_engine_error(message: str, params) -> str | None:
+    """The field an engine ValueError is about: the constraint, or `n` (samples or beams past max_num_seqs)."""
+    if params.constrained and "constraint" in message:
+        return "response_format"
+    return "n" if message.startswith(("n=", "beam_width=")) else None
 
 
 def _check_model(requested: str | None, served: str) -> None:
@@ -176,7 +186,7 @@ async def _generate(llm: AsyncLLM, request: Request, body, prompts: list, params
             return Response(content, media_type="application/json")
         first = await _unless_disconnected(request, anext(outputs))  # bad input raises here, before the 200
     except ValueError as e:
-        raise APIError(400, str(e), param="response_format" if params.constrained and "constraint" in str(e) else None) from e
+        raise APIError(400, str(e), param=_param_of_engine_error(str(e), params)) from e
     except TenantCompilesBusy as e:
         raise APIError(429, str(e), "rate_limit_error", headers={"Retry-After": "1"}) from e
     except (CompilePoolBusy, EngineUnavailable) as e:
