@@ -165,10 +165,10 @@ def beam_round_figure(rounds: list[BeamRound], i: int, decode=None, width: int |
         fig.add_trace(go.Scatter(x=edges[on][0], y=edges[on][1], mode="lines", line=dict(color=color, width=1.5),
                                  hoverinfo="skip", showlegend=False), row=1, col=1)
     for on, color, name in ((False, "#c7c7c7", "pruned beam"), (True, "#1f77b4", "live beam / its ancestors")):
-        fig.add_trace(go.Scatter(x=nodes[on][0], y=nodes[on][1], text=nodes[on][2], hovertext=nodes[on][3],
+        fig.add_trace(go.Scatter(x=nodes[on][0] or [None], y=nodes[on][1] or [None], text=nodes[on][2], hovertext=nodes[on][3],
                                  mode="markers+text", textposition="top center", textfont=dict(size=9),
                                  marker=dict(size=7, color=color), hoverinfo="text", name=name), row=1, col=1)
-    fig.add_trace(go.Scatter(x=hx, y=hy, text=ht, hovertext=hh, mode="markers", hoverinfo="text",
+    fig.add_trace(go.Scatter(x=hx or [None], y=hy or [None], text=ht, hovertext=hh, mode="markers", hoverinfo="text",
                              marker=dict(symbol="star", size=12, color="#2ca02c"), name="finished hypothesis"),
                   row=1, col=1)
     # the block tables: row = rank, column = logical block, text = physical block, colour = its ref count
@@ -188,12 +188,13 @@ def beam_round_figure(rounds: list[BeamRound], i: int, decode=None, width: int |
                   row=1, col=2)
     cx = [c for b in rec.beams for c, blk in enumerate(b.block_table) if blk in cows]
     cy = [b.rank for b in rec.beams for blk in b.block_table if blk in cows]
-    fig.add_trace(go.Scatter(x=cx, y=cy, mode="markers", hoverinfo="skip", name="copy-on-write this step",
+    fig.add_trace(go.Scatter(x=cx or [None], y=cy or [None], mode="markers", hoverinfo="skip", name="copy-on-write this step",
                              marker=dict(symbol="square-open", size=22, color="black", line=dict(width=2))), row=1, col=2)
-    fig.update_layout(title=_title(rec), height=240 + 70 * width, margin=dict(t=120, l=110, r=40),
-                      plot_bgcolor="white", legend=dict(orientation="h", y=-0.18, x=0),
-                      xaxis=dict(range=[-0.5, max(r.round for r in rounds) + 0.7], title="the beams: output token (y = rank)", dtick=4),
-                      xaxis2=dict(range=[-0.5, num_columns - 0.5], title="their block tables: logical block (text: physical block)", dtick=1),
+    fig.update_layout(title=_title(rec), height=280 + 70 * width, width=1100,
+                      margin=dict(t=170, l=110, r=40), plot_bgcolor="white",
+                      legend=dict(orientation="h", y=1.01, yanchor="bottom", x=0),
+                      xaxis=dict(range=[-0.5, max(r.round for r in rounds) + 0.7], title="beams: output token", dtick=4),
+                      xaxis2=dict(range=[-0.5, num_columns - 0.5], title="block tables: logical block (text: physical block)", dtick=1),
                       yaxis=dict(range=[width - 0.3, -0.6], tickvals=list(range(width)),
                                  ticktext=[f"rank {b.rank}: seq {b.seq_id}" for b in rec.beams]
                                  + [""] * (width - len(rec.beams))))
