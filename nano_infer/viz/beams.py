@@ -161,7 +161,7 @@ def beam_round_figure(rounds: list[BeamRound], i: int, decode=None, width: int |
         hy.append((rank_of[j - 1][f.parent] if j else 0) + 0.35)
         ht.append(_short(decode(f.tokens[-1:])))
         hh.append(f"finished ({f.finish_reason}), score {f.score:.3f}<br>{decode(f.tokens)!r}")
-    for on, color, name in ((False, "#c7c7c7", "pruned"), (True, "#1f77b4", "live path")):
+    for on, color in ((False, "#c7c7c7"), (True, "#1f77b4")):
         fig.add_trace(go.Scatter(x=edges[on][0], y=edges[on][1], mode="lines", line=dict(color=color, width=1.5),
                                  hoverinfo="skip", showlegend=False), row=1, col=1)
     for on, color, name in ((False, "#c7c7c7", "pruned beam"), (True, "#1f77b4", "live beam / its ancestors")):
