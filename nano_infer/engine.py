@@ -195,7 +195,7 @@ class LLMEngine:
                              "continuation per sequence, beam search keeps beam_width of them")
         if k > self.config.max_num_seqs:
             raise ValueError(f"beam_width={k} beams run side by side, but max_num_seqs={self.config.max_num_seqs}")
-        if self.kv is not None and self.config.kv_cache == "paged":
+        if self.kv is not None:  # paged: "contiguous" was refused above, "none" has no pool
             bs = self.kv.block_size
             shared, own = n_prompt // bs, cdiv(n_prompt + max_tokens, bs) - n_prompt // bs
             if shared + k * own > self.kv.num_blocks:
