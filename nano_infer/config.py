@@ -17,6 +17,8 @@ PREFIX_CACHES = ("auto", None, "hash", "radix")
 ATTENTIONS = ("gather", "blockwise")
 SCHEDULERS = ("continuous", "static")
 POLICIES = ("fcfs", "lpm")
+PREEMPTION_MODES = ("recompute", "swap", "auto")
+OFFLOADING_BACKENDS = ("native",)
 
 
 @dataclass
@@ -45,6 +47,12 @@ class EngineConfig:
     distributed_timeout: float = 300.0  # seconds a step (or start-up) waits for a rank before it fails
     speculative_config: dict | None = None  # {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}
     constraint_limits: object = None  # constrained.ConstraintLimits; None: its defaults
+    # stage 12: GiB of host memory for a second KV tier (vLLM's knob; summed over tensor-parallel ranks); 0: off
+    kv_offloading_size: float = 0
+    kv_offloading_backend: str = "native"  # vLLM's knob: "native" is the only one here
+    # how preemption frees blocks: "recompute" (drop, prefill again), "swap" (copy to the host tier and
+    # back), "auto" (the cheaper by measured rates); None: "auto" with a host tier, else "recompute"
+    preemption_mode: str | None = None
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs) -> EngineConfig:
@@ -85,6 +93,7 @@ class EngineConfig:
                              f"(got {self.kv_cache!r})")
         if self.scheduler_policy == "lpm" and self.prefix_cache is None:
             raise ValueError("scheduler_policy='lpm' orders requests by prefix-cache match: set prefix_cache='hash' or 'radix'")
+        self._check_offloading()
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if self.speculative_config is not None:
             if self.tensor_parallel_size > 1:
@@ -93,6 +102,22 @@ class EngineConfig:
             if self.kv_cache == "none":
                 raise ValueError("speculative_config verifies proposals against cached K/V: it needs kv_cache='paged' "
                                  "or 'contiguous'")
+
+    def _check_offloading(self) -> None:
+        """The host tier (stage 12) and the preemption mode that can use it."""
+        size = self.kv_offloading_size
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 <= size < float("inf"):
+            raise ValueError(f"kv_offloading_size={size!r} must be a number of GiB >= 0 (0: no host tier)")
+        _one_of("kv_offloading_backend", self.kv_offloading_backend, OFFLOADING_BACKENDS)
+        if size and self.kv_cache != "paged":
+            raise ValueError(f"kv_offloading_size moves KV blocks between two pools: it needs kv_cache='paged' "
+                             f"(got {self.kv_cache!r})")
+        if self.preemption_mode is None:
+            self.preemption_mode = "auto" if size else "recompute"
+        _one_of("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        if self.preemption_mode != "recompute" and not size:
+            raise ValueError(f"preemption_mode={self.preemption_mode!r} swaps blocks to the host tier: set "
+                             f"kv_offloading_size > 0 (GiB), or use preemption_mode='recompute'")
 
     def check_model(self, hf_config, gguf_file: str | None) -> int:
         """The checks that need the model's shapes (config.json, read before the weights); returns max_model_len."""

@@ -27,6 +27,7 @@ from .config import EngineConfig
 from .beam import BeamSearcher, BeamSearchParams, BeamState
 from .cpu_allocator import keep_freed_memory
 from .distributed import driver_shard, start_workers
+from .kv.offload import KVOffloader
 from .kv.paged import kv_bytes_per_token
 from .kv.sizing import make_kv_cache
 from .memory import StepRecorder
@@ -73,17 +74,22 @@ class LLMEngine:
             policy=cfg.scheduler_policy, mode=cfg.scheduler, chunked_prefill=cfg.enable_chunked_prefill,
             lookahead=self.spec.lookahead if self.spec else None)
         block_size = self.kv.block_size if self.kv else 1
+        tier = self.kv.tier if self.kv else None
         self.executor = None if self.tp is None else start_workers(
             cfg, self.tp, launch, self.model_name if launch else str(self.model_dir), self.dtype, self.device,
-            self.max_model_len, self.kv.num_blocks if self.kv else None, block_size)
+            self.max_model_len, self.kv.num_blocks if self.kv else None, block_size, tier.num_blocks if tier else 0)
         self.runner = ModelRunner(self.model, self.kv_pool, cfg.attention, block_size, self.device, self.executor)
+        self.offloader = None
+        if tier is not None:  # stage 12: a host pool beside each KV pool, and the plug-in that copies between them
+            self.runner.attach_host_tier(tier.num_blocks)
+            self.offloader = KVOffloader(tier, self.kv.cost)
         if draft is not None:
             draft.attach(self.runner, self.kv.num_blocks, self.kv.block_size, cfg.attention, self.device, self.dtype)
         self.recorder = StepRecorder() if cfg.record_steps else None
         self.requests: dict[str, Request] = {}
         self.beam_searcher = BeamSearcher(self.requests, self.scheduler, self.tokenizer, self.device)
         # in the order their hooks run
-        self.plugins = [p for p in (self.beam_searcher, self.spec, self.recorder) if p is not None]
+        self.plugins = [p for p in (self.offloader, self.beam_searcher, self.spec, self.recorder) if p is not None]
         self.output_processor = OutputProcessor(self.requests, self.scheduler, self.tokenizer, self.eos_token_ids,
                                        self.max_model_len, self.device)
         self.num_steps = 0
@@ -114,8 +120,13 @@ class LLMEngine:
         if self.kv is None:
             return line + ", no KV cache"
         tokens = self.kv.num_blocks * self.kv.block_size
-        return (f"{line}, {self.config.kv_cache} KV cache of {self.kv_pool.nbytes / 2**20:,.1f} MiB "
+        line = (f"{line}, {self.config.kv_cache} KV cache of {self.kv_pool.nbytes / 2**20:,.1f} MiB "
                 f"= {tokens:,} tokens ({self.kv_bytes_per_token:,} bytes per token)")
+        if self.kv.tier is None:
+            return line
+        host = self.runner.host_pools[0]
+        return (f"{line}; host tier of {host.nbytes / 2**20:,.1f} MiB = {self.kv.tier.num_blocks * self.kv.block_size:,} "
+                f"tokens, preemption by {self.config.preemption_mode}")
 
     def _load_tokenizer(self):
         from transformers import AutoTokenizer

@@ -27,6 +27,7 @@ import torch
 
 from .attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend
 from .kv.block_manager import slot_mapping
+from .kv.offload import BlockSwap, HostKVPool
 from .scheduler import ScheduledSeq
 
 # Decodes per attention call on CPU. Each call pads to its own longest context, so sorting by length
@@ -61,13 +62,33 @@ class ModelRunner:
         self.decode_batch = CPU_DECODE_BATCH if device.type == "cpu" else 1 << 16
         self.num_forward_tokens = 0  # tokens pushed through the model so far (prefill work done)
         self.mirrors: list[tuple] = []  # (model, kv_pool, backend) run on every step at the same slots
+        self.host_pools: list[HostKVPool] = []  # the host tier of each KV pool (stage 12)
 
     def mirror(self, model, kv_pool, attention: str):
         """Run `model` on every packed step too, writing its K/V into `kv_pool` at the slots the
-        target's block tables name (so copy-on-write and rollback apply to both). Returns its backend."""
+        target's block tables name (so copy-on-write, rollback and the host tier apply to both).
+        Returns its backend."""
         backend = make_backend(attention, kv_pool.tensor)
         self.mirrors.append((model, kv_pool, backend))
+        if self.host_pools:
+            self.host_pools.append(HostKVPool(kv_pool, self.host_pools[0].tensor.shape[2]))
         return backend
+
+    def attach_host_tier(self, num_blocks: int) -> None:
+        """A host pool of `num_blocks` blocks beside the KV pool (and beside each mirror's)."""
+        self.host_pools = [HostKVPool(pool, num_blocks) for pool in (self.kv_pool, *(m[1] for m in self.mirrors))]
+
+    def swap(self, swap: BlockSwap) -> None:
+        """Copy blocks between the tiers, on every tensor-parallel rank (each holds its own host tier)."""
+        if self.executor is not None:
+            self.executor.run(swap, self.apply_swap)
+        else:
+            self.apply_swap(swap)
+
+    @torch.inference_mode()
+    def apply_swap(self, swap: BlockSwap) -> None:
+        for host in self.host_pools:
+            host.swap(swap)
 
     def prepare(self, scheduled: list[ScheduledSeq]):
         """(ids, positions, AttentionMetadata, logit rows) of the step: `build(pack(scheduled))`."""

@@ -7,7 +7,8 @@ budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`):
    chunk of a prompt still being prefilled. If the KV pool cannot hold a running
    sequence's next token, the most recently admitted running sequence is preempted: its
    blocks are freed and it goes back to the front of the queue, to be recomputed later
-   (with a prefix cache, most of that recompute is a cache hit).
+   (with a prefix cache, most of that recompute is a cache hit), or, with a host tier
+   (stage 12), its K/V is swapped out and copied back in when it is admitted again.
 2. Then waiting requests, while budget and KV blocks last. A long prompt is split into
    chunks (chunked prefill), so a step carries decode tokens and a prefill chunk together
    and running requests never stall behind a long prompt. (With chunked prefill off, a
@@ -227,11 +228,14 @@ class Scheduler:
     def _undo_admission(self, seq: Sequence) -> None:
         if self.kv is not None:
             self.kv.free(seq)
-        seq.num_computed_tokens = 0
+        if not seq.swapped_blocks:  # a swapped-out sequence keeps what it computed
+            seq.num_computed_tokens = 0
 
     def _preempt(self, seq: Sequence) -> None:
-        """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
-        self._undo_admission(seq)
+        """Drop the KV and recompute it later, or (with a host tier) swap it out and copy it back in;
+        keep the tokens, requeue at the front."""
+        if self.kv is None or not self.kv.swap_out(seq):
+            self._undo_admission(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)

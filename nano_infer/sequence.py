@@ -45,6 +45,13 @@ class Sequence:
     # (they share its blocks); the scheduler keeps a seat for each from admission on
     num_pending_forks: int = 0
     cumulative_logprob: float | None = None  # a finished beam-search hypothesis: the sum of its tokens' logprobs
+    # the host tier (stage 12): chained hashes of its full blocks (the tier's keys), the host blocks
+    # holding its K/V while it is swapped out, and what it moved between the tiers
+    block_hashes: list[int] = field(default_factory=list)
+    swapped_blocks: list[int] = field(default_factory=list)
+    num_host_cached_tokens: int = 0  # of num_cached_tokens, loaded back from the host tier
+    num_blocks_loaded: int = 0  # host -> device: prefix hits and swap-ins
+    num_blocks_swapped_out: int = 0  # device -> host: its preemptions by swapping
 
     def __post_init__(self):
         if not self.token_ids:

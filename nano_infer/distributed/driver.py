@@ -32,10 +32,11 @@ def driver_shard(size: int, device: torch.device) -> tuple[TPShard | None, Launc
 
 
 def start_workers(cfg, shard: TPShard, launch: Launch | None, model: str, dtype, device: torch.device,
-                  max_model_len: int, num_blocks: int | None, block_size: int) -> TPExecutor:
+                  max_model_len: int, num_blocks: int | None, block_size: int, num_host_blocks: int = 0) -> TPExecutor:
     """Spawn (or meet torchrun's) workers; each loads its shard of `model` and a pool of `num_blocks`."""
     local_ranks = launch.local_world_size if launch else cfg.tensor_parallel_size
     threads = max(1, torch.get_num_threads() // local_ranks) if device.type == "cpu" else None
     worker = WorkerConfig(model=model, dtype=dtype, device_type=device.type, max_model_len=max_model_len,
-                          num_blocks=num_blocks, block_size=block_size, attention=cfg.attention, num_threads=threads)
+                          num_blocks=num_blocks, num_host_blocks=num_host_blocks, block_size=block_size,
+                          attention=cfg.attention, num_threads=threads)
     return TPExecutor(shard, worker, cfg.distributed_backend or default_backend(device.type), cfg.distributed_timeout)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..kv.offload import BlockSwap
 from .launch import Launch, broadcast_message, default_backend, init_groups, torchrun_launch
 from .shard import TPShard
 
@@ -34,6 +35,7 @@ class WorkerConfig:
     device_type: str  # "cpu" or "cuda" (a worker uses cuda:LOCAL_RANK)
     max_model_len: int
     num_blocks: int | None  # KV pool: same block ids as the driver's BlockManager (None: no cache)
+    num_host_blocks: int  # the rank's own host tier (stage 12), same block ids as the driver's HostTier; 0: none
     block_size: int
     attention: str
     num_threads: int | None  # torch threads per rank on a CPU
@@ -100,8 +102,10 @@ def serve(launch: Launch, backend: str, timeout_s: float) -> None:
             pool = KVPool(config.num_hidden_layers, cfg.num_blocks, cfg.block_size, model.num_kv_heads,
                           model.head_dim, cfg.dtype, device)
         runner = ModelRunner(model, pool, cfg.attention, cfg.block_size, device)
+        if cfg.num_host_blocks:
+            runner.attach_host_tier(cfg.num_host_blocks)
         dist.barrier()  # ready: the driver's start-up waits for every rank here
         while (step := broadcast_message(None, messages)) is not None:
-            runner.execute(step)
+            (runner.apply_swap if isinstance(step, BlockSwap) else runner.execute)(step)
     finally:
         dist.destroy_process_group()

@@ -10,20 +10,36 @@ cache's reference on each, which frees them.
 
 The same manager wraps the contiguous cache of stage 01 (one max-length block per sequence,
 no prefix cache): the scheduler does not know which one it drives.
+
+With a second tier (stage 12, `kv_offloading_size`) the manager also drives a `HostTier`:
+evicted cached blocks are offloaded to it instead of dropped, a match continues into it and
+loads blocks back, and a preempted sequence may be swapped out to it whole. The tier is keyed
+by each block's chained hash (`Sequence.block_hashes`), which the manager records for every
+block the prefix cache takes, so both caches offload the same way.
 """
 from __future__ import annotations
 
 from ..prefix.base import salt_of
+from ..prefix.hash_cache import chain_hash, root_hash
 from ..sequence import Sequence
+from ..utils import cdiv
+from .host_tier import BlockKey, HostTier
+
+PREEMPTION_MODES = ("recompute", "swap", "auto")
 
 
 class KVManager:
-    def __init__(self, blocks, prefix_cache=None):
+    def __init__(self, blocks, prefix_cache=None, tier: HostTier | None = None, cost=None,
+                 preemption_mode: str = "recompute"):
         self.blocks = blocks  # BlockManager, or ContiguousKVCache
         self.prefix_cache = prefix_cache  # HashPrefixCache, RadixPrefixCache, or None
+        self.tier = tier  # the host tier (stage 12), or None
+        self.cost = cost  # kv.cost.CostModel: swap or recompute, for preemption_mode="auto"
+        self.preemption_mode = preemption_mode
         self.block_size = blocks.block_size
         self.num_blocks = blocks.num_blocks
         self.num_evicted_blocks = 0  # cached blocks given back to make room, ever
+        self.block_keys: dict[int, BlockKey] = {}  # cached device block -> its tier key (with a tier only)
 
     # -- what there is ----------------------------------------------------------------------------
     @property
@@ -51,15 +67,15 @@ class KVManager:
     # -- admission and allocation ---------------------------------------------------------------------
     def acquire(self, seq: Sequence) -> int:
         """Admit a fresh sequence onto its cached prefix: share the blocks, skip their prefill.
-        Returns the tokens served from the cache (0 without a prefix cache).
+        Returns the tokens served from the cache, both tiers (0 without a prefix cache).
 
         If the whole sequence is cached, the last token is still computed (its logits give
         the first output token); writing its K/V into the shared last block triggers a
         copy-on-write of that one block. A sequence that still scores its prompt (prompt
         logprobs) takes no hit: the positions a hit skips are the rows it needs (as in vLLM).
         """
-        if self.prefix_cache is None:
-            return 0
+        if self.prefix_cache is None or seq.swapped_blocks:
+            return 0  # a swapped-out sequence comes back whole, in allocate()
         assert not seq.block_table and seq.num_computed_tokens == 0
         blocks = [] if seq.scores_prompt else self.prefix_cache.match(seq.token_ids, salt_of(seq))
         for block in blocks:
@@ -67,13 +83,37 @@ class KVManager:
                 self.prefix_cache.on_referenced(block)
             self.blocks.incref(block, seq)
         seq.block_table = list(blocks)
-        seq.num_computed_tokens = min(len(blocks) * self.block_size, len(seq) - 1)
         self.prefix_cache.lock(seq, blocks)
-        return len(blocks) * self.block_size
+        if self.tier is not None and not seq.scores_prompt:
+            self._load_from_tier(seq)
+        seq.num_computed_tokens = min(len(seq.block_table) * self.block_size, len(seq) - 1)
+        seq.num_host_cached_tokens = max(0, seq.num_computed_tokens - len(blocks) * self.block_size)
+        return len(seq.block_table) * self.block_size
+
+    def _load_from_tier(self, seq: Sequence) -> None:
+        """Continue the match in the host tier: each hit gets a device block and a copy back.
+        One device block is left for the tokens the sequence still computes."""
+        hits, room = [], self.num_available_blocks - 1
+        for i in range(len(seq.block_table), len(self.block_hashes(seq))):
+            host = self.tier.lookup(self.block_key(seq, i)) if len(hits) < room else None
+            if host is None:
+                break
+            self.tier.pin(host)  # the evictions below may offload into the tier: keep the hits
+            hits.append(host)
+        if not hits:
+            return
+        num_matched = len(seq.block_table)
+        seq.num_computed_tokens = num_matched * self.block_size  # allocate past the matched blocks
+        self.allocate(seq, len(hits) * self.block_size)
+        for host, device in zip(hits, seq.block_table[num_matched:]):
+            self.tier.load(host, device)
+        seq.num_blocks_loaded += len(hits)
 
     def record_admission(self, seq: Sequence) -> None:
         if self.prefix_cache is not None:
             self.prefix_cache.record_admission(seq)
+        if self.tier is not None and not seq.num_preemptions:
+            self.tier.stats.hit_tokens += min(seq.num_host_cached_tokens, seq.num_prompt_tokens)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.blocks.num_blocks_needed(seq, num_new_tokens) <= self.num_available_blocks
@@ -87,14 +127,23 @@ class KVManager:
         self.blocks.allocate(seq, num_new_tokens)
         for src, _ in self.blocks.pending_copies[num_copies:]:  # copy-on-write left the cached original to the cache
             self._unreferenced(src)
+        if seq.swapped_blocks:  # back from a swap: the first blocks of the new table are copied in
+            self.tier.swap_in(seq.swapped_blocks, seq.block_table[: len(seq.swapped_blocks)])
+            seq.num_blocks_loaded += len(seq.swapped_blocks)
+            seq.swapped_blocks = []
 
-    def evict(self, num_blocks: int) -> int:
-        """Free up to `num_blocks` idle cached blocks, least recently used first; returns how many."""
+    def evict(self, num_blocks: int, offload: bool = True) -> int:
+        """Free up to `num_blocks` idle cached blocks, least recently used first; returns how many.
+        With a host tier each goes there first (unless `offload` is False)."""
         if self.prefix_cache is None:
             return 0
         freed = self.prefix_cache.evict(num_blocks)
         for block in freed:
             assert self.blocks.ref_count[block] == 1, f"evicting block {block} still in use"
+            if self.tier is not None:
+                key = self.block_keys.pop(block)
+                if offload:
+                    self.tier.offload(key, block)
             self.blocks.decref(block, op="evict")
         self.num_evicted_blocks += len(freed)
         return len(freed)
@@ -108,15 +157,42 @@ class KVManager:
     def cache_computed(self, seq: Sequence) -> None:
         """Offer the sequence's full computed blocks to the prefix cache; it takes a reference on each it keeps."""
         if self.prefix_cache is not None:
-            for block in self.prefix_cache.cache_computed(seq):
-                self.blocks.incref(block)
+            self._hold(seq, self.prefix_cache.cache_computed(seq))
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """n > 1: the child reads the parent's blocks (and its cached prefix); writes copy on write."""
+        """n > 1: the child reads the parent's blocks (and its cached prefix); writes copy on write.
+        A parent swapped out to the host tier shares its host blocks instead."""
         self.blocks.fork(parent, child)
+        if parent.swapped_blocks:
+            child.swapped_blocks = self.tier.share(parent.swapped_blocks)
         if self.prefix_cache is not None:
-            for block in self.prefix_cache.fork(parent, child):
-                self.blocks.incref(block)
+            self._hold(parent, self.prefix_cache.fork(parent, child))
+
+    def _hold(self, seq: Sequence, new: list[int]) -> None:
+        """The cache's reference on each block it newly keeps, and (with a tier) the block's key."""
+        for block in new:
+            self.blocks.incref(block)
+        if self.tier is not None and new:
+            self.block_hashes(seq)
+            where = {b: i for i, b in enumerate(seq.block_table)}
+            for block in new:
+                self.block_keys[block] = self.block_key(seq, where[block])
+
+    def block_hashes(self, seq: Sequence) -> list[int]:
+        """Chained hashes of the sequence's full blocks of tokens, from its salt (stage 03's chain),
+        extended as it grows: its tokens are only ever appended to."""
+        bs, hashes = self.block_size, seq.block_hashes
+        parent = hashes[-1] if hashes else root_hash(salt_of(seq))
+        for i in range(len(hashes), len(seq.token_ids) // bs):
+            parent = chain_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
+            hashes.append(parent)
+        return hashes
+
+    def block_key(self, seq: Sequence, i: int) -> BlockKey:
+        """The tier's key of block i (its hashes computed): the hash, its parent's, and its tokens, so a
+        hit is verified like a hit of the hash cache."""
+        parent = seq.block_hashes[i - 1] if i else root_hash(salt_of(seq))
+        return seq.block_hashes[i], parent, tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Speculative rollback: keep the blocks of the first `num_tokens` positions only."""
@@ -130,6 +206,45 @@ class KVManager:
         self.blocks.free(seq)
         for block in reversed(table):  # the tail turns idle first: evicted before the head
             self._unreferenced(block)
+            if self.tier is not None and self.blocks.ref_count[block] == 0:
+                self.tier.cancel(block)  # an undone admission's load: nothing left to copy into
+
+    def swap_out(self, seq: Sequence) -> bool:
+        """Preemption by swapping (stage 12): copy the sequence's computed blocks to the host tier and
+        free them here; it keeps `num_computed_tokens` and copies back in on re-admission. False (and
+        nothing done) when the mode says recompute, the cost rule prefers it, or the tier is full."""
+        if self.tier is None or self.preemption_mode == "recompute":
+            return False
+        num_blocks = cdiv(seq.num_computed_tokens, self.block_size)
+        if num_blocks == 0:
+            return False
+        if self.preemption_mode == "auto" and not self.cost.prefer_swap(num_blocks, self._recompute_tokens(seq)):
+            self.tier.stats.recompute_preemptions += 1
+            return False
+        host = self.tier.swap_out(seq.block_table[:num_blocks])
+        if host is None:
+            self.tier.stats.recompute_preemptions += 1
+            return False
+        self.free(seq)
+        seq.swapped_blocks = host
+        seq.num_blocks_swapped_out += num_blocks
+        self.tier.stats.swap_preemptions += 1
+        return True
+
+    def _recompute_tokens(self, seq: Sequence) -> int:
+        """Tokens a recompute would prefill again: those past what the prefix cache and the tier hold
+        of its computed blocks (the full ones are cached as they are computed)."""
+        self.block_hashes(seq)
+        on_device = {key[0] for key in self.block_keys.values()}
+        cached = 0
+        while cached < seq.num_computed_tokens // self.block_size and (
+                seq.block_hashes[cached] in on_device or self.tier.lookup(self.block_key(seq, cached)) is not None):
+            cached += 1
+        return seq.num_computed_tokens - cached * self.block_size
+
+    def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(device -> host, host -> device) block copies due before the next forward pass (none without a tier)."""
+        return self.tier.take_transfers() if self.tier is not None else ([], [])
 
     def _unreferenced(self, block: int) -> None:
         """A sequence dropped `block`: if only the cache holds it now, it is idle (evictable)."""
@@ -141,7 +256,12 @@ class KVManager:
         if seq.block_table:
             self.cache_computed(seq)
         self.free(seq)
+        if seq.swapped_blocks:  # ended while swapped out (aborted, or a pruned beam)
+            self.tier.free(seq.swapped_blocks)
+            seq.swapped_blocks = []
 
     def clear(self) -> int:
-        """Evict every idle cached block; returns how many were freed."""
-        return self.evict(self.num_available_blocks - self.blocks.num_free_blocks)
+        """Evict every idle cached block, from both tiers (nothing is offloaded); returns how many device blocks were freed."""
+        if self.tier is not None:
+            self.tier.clear()
+        return self.evict(self.num_available_blocks - self.blocks.num_free_blocks, offload=False)

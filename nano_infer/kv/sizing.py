@@ -12,6 +12,8 @@ import torch
 from ..prefix import make_prefix_cache
 from ..utils import cdiv
 from .block_manager import BlockManager
+from .cost import CostModel
+from .host_tier import HostTier
 from .contiguous import ContiguousKVCache
 from .manager import KVManager
 from .paged import KVPool, num_blocks_for_budget
@@ -52,4 +54,20 @@ def make_kv_cache(cfg, hf_config, model, dtype, device, bytes_per_token: int, ma
         blocks = BlockManager(num_blocks, cfg.block_size, log=cfg.log_blocks)
     pool = KVPool(hf_config.num_hidden_layers, blocks.num_blocks, blocks.block_size, model.num_kv_heads,
                   model.head_dim, dtype, device)
-    return KVManager(blocks, make_prefix_cache(cfg.prefix_cache, blocks.block_size)), pool
+    tier = cost = None
+    if cfg.kv_offloading_size:
+        tier = HostTier(num_host_blocks(cfg, bytes_per_token), blocks.block_size)
+        cost = CostModel(bytes_per_token * blocks.block_size)
+    kv = KVManager(blocks, make_prefix_cache(cfg.prefix_cache, blocks.block_size), tier, cost, cfg.preemption_mode)
+    return kv, pool
+
+
+def num_host_blocks(cfg, bytes_per_token: int) -> int:
+    """Blocks of the host tier: kv_offloading_size GiB over all tensor-parallel ranks, each rank holding
+    its shard of every block (`bytes_per_token` is one rank's)."""
+    per_block = bytes_per_token * cfg.block_size * cfg.tensor_parallel_size
+    n = int(cfg.kv_offloading_size * 2**30) // per_block
+    if n < 1:
+        raise ValueError(f"kv_offloading_size={cfg.kv_offloading_size} GiB holds no KV block ({per_block:,} bytes "
+                         f"each over {cfg.tensor_parallel_size} rank(s)); raise it or set 0 for no host tier")
+    return n

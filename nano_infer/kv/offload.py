@@ -1,0 +1,114 @@
+"""The host tier's memory and its copies (stage 12); `HostTier` keeps the books, this moves the bytes.
+
+`HostKVPool` is a second pool laid out like the device pool, block by block: on CUDA in pinned
+host memory (page-locked, so the copy engine can read and write it while the GPU computes); on a
+CPU in ordinary memory, committed page by page as blocks are first written. On a CPU the "two
+tiers" are two regions of the same RAM: what the lesson shows there is the mechanism and the
+cost model, not a saving of scarce memory.
+
+Each step's copies are two batched calls: `index_select` gathers the listed blocks into one
+contiguous tensor, `index_copy_` scatters it into the other pool. On CUDA both run on a side
+stream: the host-to-device copy overlaps the CPU's packing of the step, and the compute stream
+waits for it (an event, not a host sync) before the forward pass reads the blocks.
+
+`KVOffloader` is the engine plug-in: before each forward pass it takes the copies the
+`HostTier` queued and runs them, and after each step it feeds the measured copy bandwidth and
+prefill throughput to the `CostModel` that decides swap or recompute.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..plugin import EnginePlugin
+from .cost import CostModel
+from .host_tier import HostTier
+from .paged import KVPool, lazy_zeros
+
+
+@dataclass
+class BlockSwap:
+    """One step's copies between the tiers, as plain lists (a tensor-parallel driver sends it to its workers)."""
+
+    out: list[tuple[int, int]]  # (device block, host block): offloads and swap-outs, copied first
+    into: list[tuple[int, int]]  # (host block, device block): prefix loads and swap-ins, copied after
+
+
+class HostKVPool:
+    """The host blocks for one device pool: [layers, 2, num_blocks, block_size, kv_heads, head_dim]."""
+
+    def __init__(self, pool: KVPool, num_blocks: int):
+        layers, two, _, heads, dim = pool.tensor.shape
+        self.device_blocks = pool.tensor.view(layers, two, pool.num_blocks, pool.block_size, heads, dim)
+        shape = (layers, two, num_blocks, pool.block_size, heads, dim)
+        if pool.tensor.device.type == "cuda":
+            self.tensor = torch.empty(shape, dtype=pool.dtype, pin_memory=True)
+            self.stream = torch.cuda.Stream(pool.tensor.device)
+        else:
+            self.tensor = lazy_zeros(shape, pool.dtype)
+            self.stream = None
+        self.block_nbytes = self.tensor[:, :, 0].numel() * self.tensor.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+    def swap(self, swap: BlockSwap) -> None:
+        """Device -> host first (those blocks may be overwritten next), then host -> device."""
+        if self.stream is None:
+            if swap.out:
+                _copy(self.device_blocks, self.tensor, swap.out)
+            if swap.into:
+                _copy(self.tensor, self.device_blocks, swap.into)
+            return
+        compute = torch.cuda.current_stream(self.device_blocks.device)
+        self.stream.wait_stream(compute)  # the blocks going out were written by earlier steps
+        with torch.cuda.stream(self.stream):
+            if swap.out:
+                _copy(self.device_blocks, self.tensor, swap.out)
+                self.stream.synchronize()  # in host memory before a load this step may read it
+            if swap.into:
+                _copy(self.tensor, self.device_blocks, swap.into)
+        compute.wait_stream(self.stream)  # the forward pass reads the loaded blocks
+
+
+def _copy(src: torch.Tensor, dst: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
+    """Blocks src[i] -> dst[j] for each (i, j): one gather, one transfer, one scatter."""
+    src_idx = torch.tensor([i for i, _ in pairs], device=src.device)
+    dst_idx = torch.tensor([j for _, j in pairs], device=dst.device)
+    gathered = src.index_select(2, src_idx)
+    if gathered.device != dst.device:
+        if dst.device.type == "cuda":
+            gathered = gathered.pin_memory()
+        gathered = gathered.to(dst.device, non_blocking=True)
+    dst.index_copy_(2, dst_idx, gathered)
+
+
+class KVOffloader(EnginePlugin):
+    """Runs the tiers' copies before each forward pass and measures what they and prefills cost."""
+
+    def __init__(self, tier: HostTier, cost: CostModel):
+        self.tier = tier
+        self.cost = cost
+        self.bytes_out = 0  # device -> host, ever
+        self.bytes_in = 0  # host -> device, ever
+
+    def adjust(self, batch, runner) -> None:
+        """First of the plug-ins: a draft model (speculation) reads the loaded blocks too."""
+        out, into = self.tier.take_transfers()
+        if not out and not into:
+            return
+        start = time.perf_counter()
+        runner.swap(BlockSwap(out, into))
+        nbytes = (len(out) + len(into)) * self.cost.bytes_per_block
+        self.cost.observe_copy(nbytes, time.perf_counter() - start)
+        self.bytes_out += len(out) * self.cost.bytes_per_block
+        self.bytes_in += len(into) * self.cost.bytes_per_block
+
+    def after_step(self, engine, batch, start: float) -> None:
+        """A step that was mostly prompt tokens measures the recompute rate."""
+        prefill = sum(e.num_tokens for e in batch.scheduled if e.kind == "prefill")
+        if prefill and 2 * prefill >= batch.num_batched_tokens:
+            self.cost.observe_prefill(batch.num_batched_tokens, time.perf_counter() - start)
