@@ -10,7 +10,7 @@ import argparse
 import json
 from dataclasses import fields
 
-from .config import ATTENTIONS, KV_CACHES, PREFIX_CACHES, EngineConfig
+from .config import ATTENTIONS, KV_CACHES, OFFLOADING_BACKENDS, PREEMPTION_MODES, PREFIX_CACHES, EngineConfig
 
 _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 
@@ -29,6 +29,11 @@ _OPTIONS = {
     "max_num_seqs": dict(type=int, help="most sequences in one step"),
     "tensor_parallel_size": dict(type=int, help="ranks that each hold a shard of the model (worker processes here, "
                                                 "or torchrun's ranks)"),
+    "kv_offloading_size": dict(type=float, help="GiB of host memory for a second KV tier (evicted prefix blocks "
+                                                "and swapped-out sequences), summed over tensor-parallel ranks; 0: off"),
+    "kv_offloading_backend": dict(choices=OFFLOADING_BACKENDS, help="how the host tier is kept"),
+    "preemption_mode": dict(choices=PREEMPTION_MODES, help="recompute | swap | auto (the cheaper by measured rates); "
+                                                          "default: auto with a host tier, else recompute"),
     "speculative_config": dict(help="JSON, as vLLM's: "
                                     '\'{"method": "ngram", "num_speculative_tokens": 4}\' or '
                                     '\'{"method": "draft_model", "model": "<dir or hub id>", "num_speculative_tokens": 3}\''),

@@ -91,7 +91,7 @@ class LLMEngine:
         # in the order their hooks run
         self.plugins = [p for p in (self.offloader, self.beam_searcher, self.spec, self.recorder) if p is not None]
         self.output_processor = OutputProcessor(self.requests, self.scheduler, self.tokenizer, self.eos_token_ids,
-                                       self.max_model_len, self.device)
+                                                self.max_model_len, self.device, self.kv_bytes_per_token * block_size)
         self.num_steps = 0
         self.startup_line = self._describe(dtype_reason)
         logger.info(self.startup_line)

@@ -51,7 +51,29 @@ class EngineMetrics:
             yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.query_tokens)
             yield counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", stats.hit_tokens)
             yield gauge("prefix_cache_hit_rate", "Hits / queries since the start.", stats.hit_rate)
+        tier = kv.tier if kv is not None else None
+        if tier is not None:
+            yield from self._tier(tier, engine.offloader, gauge, counter)
         yield counter("forward_tokens", "Tokens computed by the model (prompt chunks and decode inputs).",
                       engine.runner.num_forward_tokens)
         yield counter("generation_tokens", "Tokens generated.", engine.num_generated_tokens)
         yield counter("num_steps", "Engine steps run.", engine.num_steps)
+
+    @staticmethod
+    def _tier(tier, offloader, gauge, counter):
+        """The host tier (stage 12): its blocks, hits, and what moved each way."""
+        stats = tier.stats
+        yield gauge("kv_host_blocks_total", "Blocks of the host KV tier.", tier.num_blocks)
+        yield gauge("kv_host_blocks_free", "Host tier blocks on its free list.", tier.num_free_blocks)
+        yield gauge("kv_host_blocks_cached", "Host tier blocks holding an offloaded prefix block.", tier.num_cached_blocks())
+        yield counter("kv_host_hits", "Prompt tokens served from the host tier (of prefix_cache_hits).", stats.hit_tokens)
+        yield counter("kv_offload_blocks", "Evicted prefix blocks copied device -> host.", stats.offloaded_blocks)
+        yield counter("kv_load_blocks", "Prefix blocks copied host -> device for a match.", stats.loaded_blocks)
+        yield counter("kv_swap_out_blocks", "Blocks of preempted sequences copied device -> host.", stats.swapped_out_blocks)
+        yield counter("kv_swap_in_blocks", "Blocks of preempted sequences copied host -> device.", stats.swapped_in_blocks)
+        yield counter("kv_host_dropped_blocks", "Evicted blocks the host tier could not keep.", stats.dropped_blocks)
+        yield counter("kv_bytes_to_host", "Bytes copied device -> host.", offloader.bytes_out)
+        yield counter("kv_bytes_to_device", "Bytes copied host -> device.", offloader.bytes_in)
+        yield counter("num_preemptions_swap", "Preemptions that swapped the sequence out.", stats.swap_preemptions)
+        yield counter("num_preemptions_recompute", "Preemptions that dropped the K/V to recompute it (host tier on).",
+                      stats.recompute_preemptions)

@@ -33,8 +33,15 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (both tiers)
     num_preemptions: int = 0
+    # the host tier (stage 12): of num_cached_tokens, those loaded back from it; KV blocks (and bytes) this
+    # request's sequences copied host -> device (prefix loads, swap-ins) and device -> host (swap-outs)
+    num_host_cached_tokens: int = 0
+    kv_blocks_in: int = 0
+    kv_blocks_out: int = 0
+    kv_bytes_in: int = 0
+    kv_bytes_out: int = 0
 
     @property
     def ttft(self) -> float | None:

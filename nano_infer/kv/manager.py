@@ -25,8 +25,6 @@ from ..sequence import Sequence
 from ..utils import cdiv
 from .host_tier import BlockKey, HostTier
 
-PREEMPTION_MODES = ("recompute", "swap", "auto")
-
 
 class KVManager:
     def __init__(self, blocks, prefix_cache=None, tier: HostTier | None = None, cost=None,
@@ -213,15 +211,13 @@ class KVManager:
         """Preemption by swapping (stage 12): copy the sequence's computed blocks to the host tier and
         free them here; it keeps `num_computed_tokens` and copies back in on re-admission. False (and
         nothing done) when the mode says recompute, the cost rule prefers it, or the tier is full."""
-        if self.tier is None or self.preemption_mode == "recompute":
+        if self.tier is None:
             return False
         num_blocks = cdiv(seq.num_computed_tokens, self.block_size)
-        if num_blocks == 0:
-            return False
-        if self.preemption_mode == "auto" and not self.cost.prefer_swap(num_blocks, self._recompute_tokens(seq)):
-            self.tier.stats.recompute_preemptions += 1
-            return False
-        host = self.tier.swap_out(seq.block_table[:num_blocks])
+        host = None
+        if num_blocks and (self.preemption_mode == "swap" or (
+                self.preemption_mode == "auto" and self.cost.prefer_swap(num_blocks, self._recompute_tokens(seq)))):
+            host = self.tier.swap_out(seq.block_table[:num_blocks])
         if host is None:
             self.tier.stats.recompute_preemptions += 1
             return False
