@@ -115,10 +115,13 @@ class HostTier:
         self.pending_in[device_block] = block
         self.stats.loaded_blocks += 1
 
-    def cancel(self, device_block: int) -> None:
-        """`device_block` was freed before its copy ran (an admission undone): nothing to copy into it."""
-        if self.pending_in.pop(device_block, None) is not None:
-            self.stats.loaded_blocks -= 1
+    def cancel(self, device_block: int) -> bool:
+        """`device_block` was freed before its copy ran (an admission undone): nothing to copy into it.
+        Returns whether a load was pending."""
+        if self.pending_in.pop(device_block, None) is None:
+            return False
+        self.stats.loaded_blocks -= 1
+        return True
 
     def clear(self) -> int:
         """Drop every cached block nothing else holds; returns how many."""

@@ -204,8 +204,8 @@ class KVManager:
         self.blocks.free(seq)
         for block in reversed(table):  # the tail turns idle first: evicted before the head
             self._unreferenced(block)
-            if self.tier is not None and self.blocks.ref_count[block] == 0:
-                self.tier.cancel(block)  # an undone admission's load: nothing left to copy into
+            if self.tier is not None and self.blocks.ref_count[block] == 0 and self.tier.cancel(block):
+                seq.num_blocks_loaded -= 1  # an undone admission's load: nothing left to copy into
 
     def swap_out(self, seq: Sequence) -> bool:
         """Preemption by swapping (stage 12): copy the sequence's computed blocks to the host tier and

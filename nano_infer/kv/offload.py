@@ -67,8 +67,7 @@ class HostKVPool:
         self.stream.wait_stream(compute)  # the blocks going out were written by earlier steps
         with torch.cuda.stream(self.stream):
             if swap.out:
-                _copy(self.device_blocks, self.tensor, swap.out)
-                self.stream.synchronize()  # in host memory before a load this step may read it
+                _copy(self.device_blocks, self.tensor, swap.out)  # blocking: in host memory before a load reads it
             if swap.into:
                 _copy(self.tensor, self.device_blocks, swap.into)
         compute.wait_stream(self.stream)  # the forward pass reads the loaded blocks
@@ -79,10 +78,10 @@ def _copy(src: torch.Tensor, dst: torch.Tensor, pairs: list[tuple[int, int]]) ->
     src_idx = torch.tensor([i for i, _ in pairs], device=src.device)
     dst_idx = torch.tensor([j for _, j in pairs], device=dst.device)
     gathered = src.index_select(2, src_idx)
-    if gathered.device != dst.device:
-        if dst.device.type == "cuda":
-            gathered = gathered.pin_memory()
-        gathered = gathered.to(dst.device, non_blocking=True)
+    if dst.device.type == "cuda" and gathered.device.type == "cpu":
+        gathered = gathered.pin_memory().to(dst.device, non_blocking=True)  # async on the current (side) stream
+    elif gathered.device != dst.device:
+        gathered = gathered.to(dst.device)  # device -> host waits for the gather: the CPU scatter reads it next
     dst.index_copy_(2, dst_idx, gathered)
 
 
