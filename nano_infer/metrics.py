@@ -53,6 +53,9 @@ class EngineMetrics:
             yield gauge("prefix_cache_hit_rate", "Hits / queries since the start.", stats.hit_rate)
         tier = kv.tier if kv is not None else None
         if tier is not None:
+            hits = engine.prefix_cache.stats.hit_tokens if engine.prefix_cache is not None else 0
+            yield counter("kv_device_hits", "Prompt tokens served from the device tier (of prefix_cache_hits).",
+                          hits - tier.stats.hit_tokens)
             yield from self._tier(tier, engine.offloader, gauge, counter)
         yield counter("forward_tokens", "Tokens computed by the model (prompt chunks and decode inputs).",
                       engine.runner.num_forward_tokens)

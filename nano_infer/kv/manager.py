@@ -161,7 +161,8 @@ class KVManager:
         """n > 1: the child reads the parent's blocks (and its cached prefix); writes copy on write.
         A parent swapped out to the host tier shares its host blocks instead."""
         self.blocks.fork(parent, child)
-        if parent.swapped_blocks:
+        if self.tier is not None:
+            child.block_hashes = list(parent.block_hashes)  # the child's tokens start with the parent's
             child.swapped_blocks = self.tier.share(parent.swapped_blocks)
         if self.prefix_cache is not None:
             self._hold(parent, self.prefix_cache.fork(parent, child))
@@ -230,13 +231,12 @@ class KVManager:
     def _recompute_tokens(self, seq: Sequence) -> int:
         """Tokens a recompute would prefill again: those past what the prefix cache and the tier hold
         of its computed blocks (the full ones are cached as they are computed)."""
+        num_full, bs = seq.num_computed_tokens // self.block_size, self.block_size
+        cached = len(self.prefix_cache.match(seq.token_ids[: num_full * bs], salt_of(seq))) if self.prefix_cache else 0
         self.block_hashes(seq)
-        on_device = {key[0] for key in self.block_keys.values()}
-        cached = 0
-        while cached < seq.num_computed_tokens // self.block_size and (
-                seq.block_hashes[cached] in on_device or self.tier.lookup(self.block_key(seq, cached)) is not None):
+        while cached < num_full and self.tier.lookup(self.block_key(seq, cached)) is not None:
             cached += 1
-        return seq.num_computed_tokens - cached * self.block_size
+        return seq.num_computed_tokens - cached * bs
 
     def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """(device -> host, host -> device) block copies due before the next forward pass (none without a tier)."""
