@@ -63,7 +63,7 @@ class HostTier:
         self.block_key: dict[int, BlockKey] = {}  # host block -> its key, for the blocks in the index
         self.lru: OrderedDict[int, None] = OrderedDict()  # indexed blocks, least recently used first
         self.pending_out: dict[int, int] = {}  # host block -> device block to copy into it
-        self.pending_in: dict[int, int] = {}  # device block -> host block to copy from
+        self.pending_in: dict[int, tuple[int, bool]] = {}  # device block -> (host block to copy from, a swap-in?)
         self.releases: list[int] = []  # host blocks whose load reference ends when the copies are taken
         self.stats = HostTierStats()
 
@@ -112,15 +112,19 @@ class HostTier:
 
     def load(self, block: int, device_block: int) -> None:
         """Copy a pinned host block back into `device_block` before the next forward pass."""
-        self.pending_in[device_block] = block
+        self.pending_in[device_block] = block, False
         self.stats.loaded_blocks += 1
 
     def cancel(self, device_block: int) -> bool:
         """`device_block` was freed before its copy ran (an admission undone): nothing to copy into it.
         Returns whether a load was pending."""
-        if self.pending_in.pop(device_block, None) is None:
+        pending = self.pending_in.pop(device_block, None)
+        if pending is None:
             return False
-        self.stats.loaded_blocks -= 1
+        if pending[1]:
+            self.stats.swapped_in_blocks -= 1
+        else:
+            self.stats.loaded_blocks -= 1
         return True
 
     def clear(self) -> int:
@@ -144,7 +148,7 @@ class HostTier:
     def swap_in(self, host_blocks: list[int], device_blocks: list[int]) -> None:
         """Copy a swapped sequence back; its references end when the copies are taken."""
         for block, device_block in zip(host_blocks, device_blocks):
-            self.pending_in[device_block] = block
+            self.pending_in[device_block] = block, True
         self.releases += host_blocks
         self.stats.swapped_in_blocks += len(host_blocks)
 
@@ -164,7 +168,7 @@ class HostTier:
         """(device -> host, host -> device) block pairs to copy before the next forward pass, in that
         order; the loads' references on their host blocks end here."""
         out = [(device, host) for host, device in self.pending_out.items()]
-        into = [(host, device) for device, host in self.pending_in.items()]
+        into = [(host, device) for device, (host, _) in self.pending_in.items()]
         self.pending_out, self.pending_in = {}, {}
         releases, self.releases = self.releases, []
         for block in releases:

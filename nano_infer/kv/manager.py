@@ -216,7 +216,8 @@ class KVManager:
             return False
         num_blocks = cdiv(seq.num_computed_tokens, self.block_size)
         host = None
-        if num_blocks and (self.preemption_mode == "swap" or (
+        arriving = any(block in self.tier.pending_in for block in seq.block_table)  # its K/V is not copied in yet
+        if num_blocks and not arriving and (self.preemption_mode == "swap" or (
                 self.preemption_mode == "auto" and self.cost.prefer_swap(num_blocks, self._recompute_tokens(seq)))):
             host = self.tier.swap_out(seq.block_table[:num_blocks])
         if host is None:
