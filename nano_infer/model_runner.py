@@ -79,7 +79,8 @@ class ModelRunner:
         self.host_pools = [HostKVPool(pool, num_blocks) for pool in (self.kv_pool, *(m[1] for m in self.mirrors))]
 
     def swap(self, swap: BlockSwap) -> None:
-        """Copy blocks between the tiers, on every tensor-parallel rank (each holds its own host tier)."""
+        """Copy blocks between the tiers (and the step's copy-on-write), on every tensor-parallel rank
+        (each holds its own host tier)."""
         if self.executor is not None:
             self.executor.run(swap, self.apply_swap)
         else:
@@ -87,8 +88,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def apply_swap(self, swap: BlockSwap) -> None:
+        """Out to the host tier, copy-on-write, back in: the order `BlockSwap` explains."""
         for host in self.host_pools:
-            host.swap(swap)
+            host.copy_out(swap.out)
+        self.copy_blocks(swap.copies)
+        for host in self.host_pools:
+            host.copy_in(swap.into)
 
     def prepare(self, scheduled: list[ScheduledSeq]):
         """(ids, positions, AttentionMetadata, logit rows) of the step: `build(pack(scheduled))`."""

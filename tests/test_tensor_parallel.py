@@ -155,6 +155,28 @@ def test_tp2_matches_one_process_and_transformers_with_preemption_prefix_cache_c
     llm.close()  # twice is fine
 
 
+def test_tp2_with_a_host_tier_swaps_and_loads_every_ranks_shard(qwen2_dir, qwen2_ref):
+    """Stage 12 across processes: each rank copies its shard of the same blocks between its two pools."""
+    ps, ref = qwen2_ref
+    config = dict(block_size=4, num_kv_blocks=16, prefix_cache="radix", max_num_batched_tokens=8,
+                  kv_offloading_size=0.01, preemption_mode="swap")
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, n=2, seed=7, max_tokens=12)
+    expected_sampled = tokens(LLM(str(qwen2_dir), dtype="float32", **config).generate(prompt_token_ids=ps[:3],
+                                                                                      sampling_params=sampled))
+    with LLM(str(qwen2_dir), dtype="float32", tensor_parallel_size=2, **config) as llm:
+        assert [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)] == ref
+        # reversed: the first prompts' prefixes were evicted to the host tier meanwhile, and load back
+        assert [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=ps[::-1], sampling_params=GREEDY)] \
+            == ref[::-1]
+        assert tokens(llm.generate(prompt_token_ids=ps[:3], sampling_params=sampled)) == expected_sampled
+        kv = llm.engine.kv
+        stats = kv.tier.stats
+        assert stats.swap_preemptions > 0 and stats.swapped_in_blocks > 0 and stats.loaded_blocks > 0, stats
+        kv.clear()
+        assert kv.num_free_blocks == kv.num_blocks and not any(kv.ref_count)
+        assert kv.tier.num_free_blocks == kv.tier.num_blocks and not any(kv.tier.ref_count)
+
+
 def test_tp4_replicated_kv_heads_blockwise_hash_cache_and_a_hung_worker(qwen2_dir, qwen2_ref):
     ps, ref = qwen2_ref
     llm = LLM(str(qwen2_dir), dtype="float32", tensor_parallel_size=4, block_size=7, prefix_cache="hash", attention="blockwise",

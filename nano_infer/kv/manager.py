@@ -216,8 +216,10 @@ class KVManager:
             return False
         num_blocks = cdiv(seq.num_computed_tokens, self.block_size)
         host = None
-        arriving = any(block in self.tier.pending_in for block in seq.block_table)  # its K/V is not copied in yet
-        if num_blocks and not arriving and (self.preemption_mode == "swap" or (
+        # recomputed instead: a sequence whose K/V is not copied in yet, and an idle one (a beam waiting
+        # for its siblings: recomputed, it offers its row again; swapped, it would come back with nothing to run)
+        arriving = any(block in self.tier.pending_in for block in seq.block_table)
+        if num_blocks and not arriving and seq.num_uncomputed_tokens and (self.preemption_mode == "swap" or (
                 self.preemption_mode == "auto" and self.cost.prefer_swap(num_blocks, self._recompute_tokens(seq)))):
             host = self.tier.swap_out(seq.block_table[:num_blocks])
         if host is None:

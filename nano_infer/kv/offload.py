@@ -6,10 +6,10 @@ CPU in ordinary memory, committed page by page as blocks are first written. On a
 tiers" are two regions of the same RAM: what the lesson shows there is the mechanism and the
 cost model, not a saving of scarce memory.
 
-Each step's copies are two batched calls: `index_select` gathers the listed blocks into one
-contiguous tensor, `index_copy_` scatters it into the other pool. On CUDA both run on a side
-stream: the host-to-device copy overlaps the CPU's packing of the step, and the compute stream
-waits for it (an event, not a host sync) before the forward pass reads the blocks.
+Each direction of a step's copies is one batched call pair: `index_select` gathers the listed
+blocks into one contiguous tensor, `index_copy_` scatters it into the other pool. On CUDA they run
+on a side stream: the host-to-device copy overlaps the CPU's packing of the step, and the compute
+stream waits for it (an event, not a host sync) before the forward pass reads the blocks.
 
 `KVOffloader` is the engine plug-in: before each forward pass it takes the copies the
 `HostTier` queued and runs them, and after each step it feeds the measured copy bandwidth and
@@ -30,10 +30,13 @@ from .paged import KVPool, lazy_zeros
 
 @dataclass
 class BlockSwap:
-    """One step's copies between the tiers, as plain lists (a tensor-parallel driver sends it to its workers)."""
+    """One step's block copies, as plain lists (a tensor-parallel driver sends it to its workers), run in
+    this order: device -> host (offloads, swap-outs: the blocks may be reused this step), copy-on-write
+    (its source may be an idle cached block that a load reuses this step), host -> device (loads, swap-ins)."""
 
-    out: list[tuple[int, int]]  # (device block, host block): offloads and swap-outs, copied first
-    into: list[tuple[int, int]]  # (host block, device block): prefix loads and swap-ins, copied after
+    out: list[tuple[int, int]]  # (device block, host block)
+    copies: list[tuple[int, int]]  # copy-on-write (src, dst) device blocks
+    into: list[tuple[int, int]]  # (host block, device block)
 
 
 class HostKVPool:
@@ -55,22 +58,25 @@ class HostKVPool:
     def nbytes(self) -> int:
         return self.tensor.numel() * self.tensor.element_size()
 
-    def swap(self, swap: BlockSwap) -> None:
-        """Device -> host first (those blocks may be overwritten next), then host -> device."""
+    def copy_out(self, pairs: list[tuple[int, int]]) -> None:
+        """(device block, host block) pairs; returns once the bytes are in host memory."""
+        self._on_side_stream(self.device_blocks, self.tensor, pairs)
+
+    def copy_in(self, pairs: list[tuple[int, int]]) -> None:
+        """(host block, device block) pairs; on CUDA the forward pass waits for them, the CPU does not."""
+        self._on_side_stream(self.tensor, self.device_blocks, pairs)
+
+    def _on_side_stream(self, src: torch.Tensor, dst: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
         if self.stream is None:
-            if swap.out:
-                _copy(self.device_blocks, self.tensor, swap.out)
-            if swap.into:
-                _copy(self.tensor, self.device_blocks, swap.into)
+            _copy(src, dst, pairs)
             return
         compute = torch.cuda.current_stream(self.device_blocks.device)
-        self.stream.wait_stream(compute)  # the blocks going out were written by earlier steps
+        self.stream.wait_stream(compute)  # after the kernels that wrote (or still read) these blocks
         with torch.cuda.stream(self.stream):
-            if swap.out:
-                _copy(self.device_blocks, self.tensor, swap.out)  # blocking: in host memory before a load reads it
-            if swap.into:
-                _copy(self.tensor, self.device_blocks, swap.into)
-        compute.wait_stream(self.stream)  # the forward pass reads the loaded blocks
+            _copy(src, dst, pairs)
+        compute.wait_stream(self.stream)  # before the kernels that read (or overwrite) them
 
 
 def _copy(src: torch.Tensor, dst: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
@@ -100,7 +106,8 @@ class KVOffloader(EnginePlugin):
         if not out and not into:
             return
         start = time.perf_counter()
-        runner.swap(BlockSwap(out, into))
+        runner.swap(BlockSwap(out, batch.copies, into))  # the step's copy-on-write goes between the two
+        batch.copies = []
         nbytes = (len(out) + len(into)) * self.cost.bytes_per_block
         self.cost.observe_copy(nbytes, time.perf_counter() - start)
         self.bytes_out += len(out) * self.cost.bytes_per_block
