@@ -128,7 +128,7 @@ class TierMachine(RuleBasedStateMachine):
     def pending_pools(self) -> tuple[dict, dict]:
         """Both pools as they will be once the queued copies run (without taking them)."""
         device, host = dict(self.device), dict(self.host)
-        out = [(d, h) for h, d in self.tier.pending_out.items()]
+        out = [(d, h) for h, (d, _) in self.tier.pending_out.items()]
         into = [(h, d) for d, h in pending_loads(self.tier).items()]
         copy_blocks(device, host, out, self.bs)
         copy_blocks(device, device, self.bm.pending_copies, self.bs)
@@ -187,7 +187,7 @@ class TierMachine(RuleBasedStateMachine):
         pending_out = dict(self.tier.pending_out)
         held_host = {h for h, r in enumerate(self.tier.ref_count) if r}  # a swap-in's block is freed by the take
         out, into = self.kv.take_transfers()
-        assert sorted(out) == sorted((d, h) for h, d in pending_out.items())
+        assert sorted(out) == sorted((d, h) for h, (d, _) in pending_out.items())
         assert len({h for _, h in out}) == len(out) and len({d for _, d in into}) == len(into)
         assert all(self.bm.ref_count[d] for _, d in into), "a load into a free device block"
         assert all(h in held_host for _, h in out), "an offload into a free host block"
@@ -233,7 +233,9 @@ class TierMachine(RuleBasedStateMachine):
         if swap and self.kv.swap_out(seq):
             assert seq.block_table == [] and seq.num_computed_tokens == computed
             assert len(seq.swapped_blocks) == cdiv(computed, self.bs)
-            assert [self.tier.pending_out[h] for h in seq.swapped_blocks] == table[: len(seq.swapped_blocks)]
+            for h, d in zip(seq.swapped_blocks, table):  # copied from its own block, or a cached block already out
+                assert self.tier.pending_out.get(h, (d, True)) == (d, True) and (
+                    h in self.tier.pending_out or h in self.tier.block_key)
         else:
             assert seq.block_table == table, "a refused swap changed the sequence"
             self.kv.free(seq)

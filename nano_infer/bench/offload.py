@@ -203,11 +203,12 @@ def warm_up(llm, num_tokens: int = 64) -> None:
 
 # -- copy back vs recompute, by prefix length ----------------------------------------------------------------
 def offload_cached(llm) -> int:
-    """Untimed set-up: push every idle cached device block to the host tier now (evict them all, then run
-    the queued device -> host copies as the next step would). Returns how many blocks went."""
+    """Untimed set-up: push every idle cached device block to the host tier now. Evict them all (each is
+    offloaded), then run a throwaway one-token request: its step runs the queued device -> host copies,
+    and a prompt of one token fills no block, so it caches nothing. Returns how many blocks went."""
     kv = llm.engine.kv
     num = kv.evict(kv.prefix_cache.num_evictable_blocks())
-    llm.engine.offloader.adjust(None, llm.engine.runner)
+    run_turn(llm, llm.tokenizer.encode("a", add_special_tokens=False)[:1], 1)
     return num
 
 

@@ -62,7 +62,7 @@ class HostTier:
         self.index: dict[int, int] = {}  # chained hash -> host block
         self.block_key: dict[int, BlockKey] = {}  # host block -> its key, for the blocks in the index
         self.lru: OrderedDict[int, None] = OrderedDict()  # indexed blocks, least recently used first
-        self.pending_out: dict[int, int] = {}  # host block -> device block to copy into it
+        self.pending_out: dict[int, tuple[int, bool]] = {}  # host block -> (device block to copy into it, a swap-out?)
         self.pending_in: dict[int, tuple[int, bool]] = {}  # device block -> (host block to copy from, a swap-in?)
         self.releases: list[int] = []  # host blocks whose load reference ends when the copies are taken
         self.stats = HostTierStats()
@@ -101,7 +101,7 @@ class HostTier:
         self.index[key[0]] = block
         self.block_key[block] = key
         self.lru[block] = None
-        self.pending_out[block] = device_block
+        self.pending_out[block] = device_block, False
         self.stats.offloaded_blocks += 1
         return True
 
@@ -135,15 +135,30 @@ class HostTier:
         return len(dropped)
 
     # -- swapped sequences -----------------------------------------------------------------------------
-    def swap_out(self, device_blocks: list[int]) -> list[int] | None:
-        """Host blocks for a preempted sequence's K/V, copies queued; None (nothing taken) if they do not fit."""
-        if len(device_blocks) > self.num_available_blocks():
+    def swap_out(self, device_blocks: list[int], keys: list[BlockKey | None]) -> tuple[list[int], int] | None:
+        """Host blocks for a preempted sequence's K/V, and how many copies that queued; None (nothing
+        taken) if they do not fit. A block the prefix cache also holds (its key given) is kept in the
+        index too, shared with the sequence: when the device cache evicts its copy later, no second
+        copy goes out, and a block already on the host is not copied at all."""
+        host = [self.lookup(key) if key is not None else None for key in keys]
+        for block in host:
+            if block is not None:
+                self.ref_count[block] += 1  # the sequence's, before any _take below could drop it
+        misses = [i for i, block in enumerate(host) if block is None]
+        if len(misses) > self.num_available_blocks():
+            self.free([block for block in host if block is not None])
             return None
-        host = [self._take() for _ in device_blocks]
-        for block, device_block in zip(host, device_blocks):
-            self.pending_out[block] = device_block
-        self.stats.swapped_out_blocks += len(host)
-        return host
+        for i in misses:
+            block = host[i] = self._take()
+            self.pending_out[block] = device_blocks[i], True
+            key = keys[i]
+            if key is not None and key[0] not in self.index:
+                self.index[key[0]] = block
+                self.block_key[block] = key
+                self.lru[block] = None
+                self.ref_count[block] += 1
+        self.stats.swapped_out_blocks += len(misses)
+        return host, len(misses)
 
     def swap_in(self, host_blocks: list[int], device_blocks: list[int]) -> None:
         """Copy a swapped sequence back; its references end when the copies are taken."""
@@ -167,7 +182,7 @@ class HostTier:
     def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """(device -> host, host -> device) block pairs to copy before the next forward pass, in that
         order; the loads' references on their host blocks end here."""
-        out = [(device, host) for host, device in self.pending_out.items()]
+        out = [(device, host) for host, (device, _) in self.pending_out.items()]
         into = [(host, device) for device, (host, _) in self.pending_in.items()]
         self.pending_out, self.pending_in = {}, {}
         releases, self.releases = self.releases, []

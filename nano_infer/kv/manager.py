@@ -221,13 +221,14 @@ class KVManager:
         arriving = any(block in self.tier.pending_in for block in seq.block_table)
         if num_blocks and not arriving and seq.num_uncomputed_tokens and (self.preemption_mode == "swap" or (
                 self.preemption_mode == "auto" and self.cost.prefer_swap(num_blocks, self._recompute_tokens(seq)))):
-            host = self.tier.swap_out(seq.block_table[:num_blocks])
+            table = seq.block_table[:num_blocks]
+            host = self.tier.swap_out(table, [self.block_keys.get(block) for block in table])
         if host is None:
             self.tier.stats.recompute_preemptions += 1
             return False
         self.free(seq)
-        seq.swapped_blocks = host
-        seq.num_blocks_swapped_out += num_blocks
+        seq.swapped_blocks, num_copies = host
+        seq.num_blocks_swapped_out += num_copies
         self.tier.stats.swap_preemptions += 1
         return True
 

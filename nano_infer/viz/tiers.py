@@ -14,8 +14,7 @@ that holds it written in it:
 Arrows are the step's copies: device -> host for evicted blocks offloaded (and swap-outs), host
 -> device for prefix blocks loaded back (and swap-ins). The copies are captured by wrapping the
 offloader plug-in's `adjust`, which takes them from the tier just before the forward pass: the
-wrapper reads them from the tier's pending lists first, while it can still tell an offload (the
-host block is in the index) from a swap-out.
+wrapper reads them from the tier's pending lists first, where each says whether it is a swap.
 """
 from __future__ import annotations
 
@@ -73,8 +72,9 @@ def device_states(kv) -> list[int]:
 
 
 def host_states(tier) -> list[int]:
-    """FREE, HOST_CACHED (in the tier's prefix index) or SWAPPED (held by a preempted sequence)."""
-    return [FREE if refs == 0 else HOST_CACHED if block in tier.block_key else SWAPPED
+    """FREE, SWAPPED (held by a preempted sequence: a reference beyond the index's) or HOST_CACHED (in the
+    tier's prefix index only). Read between steps, when no load holds a block."""
+    return [FREE if refs == 0 else SWAPPED if refs > (block in tier.block_key) else HOST_CACHED
             for block, refs in enumerate(tier.ref_count)]
 
 
@@ -115,17 +115,12 @@ class TierRecorder:
         del self.engine.offloader.adjust, self.engine.step  # the instance attributes: the class's methods again
 
     def _pending(self) -> dict[str, list[tuple[int, int]]]:
-        """The copies the tier queued for this step, split by kind before `take_transfers` hands them over:
-        a host block going out that is in the index is an offloaded prefix block, any other a swapped
-        sequence's; a copy coming in says itself whether it is a swap-in."""
+        """The copies the tier queued for this step, split by kind (each pending copy says whether it
+        belongs to a swap) before `take_transfers` hands them over."""
         tier = self.engine.kv.tier
-        out = [(device, host) for host, device in tier.pending_out.items()]
-        into = []
-        for device, entry in tier.pending_in.items():
-            host, swap = entry if isinstance(entry, tuple) else (entry, entry not in tier.block_key)
-            into.append((host, device, swap))
-        return {"offloads": [p for p in out if p[1] in tier.block_key],
-                "swap_outs": [p for p in out if p[1] not in tier.block_key],
+        out = [(device, host, swap) for host, (device, swap) in tier.pending_out.items()]
+        into = [(host, device, swap) for device, (host, swap) in tier.pending_in.items()]
+        return {"offloads": [(d, h) for d, h, swap in out if not swap], "swap_outs": [(d, h) for d, h, swap in out if swap],
                 "loads": [(h, d) for h, d, swap in into if not swap], "swap_ins": [(h, d) for h, d, swap in into if swap]}
 
     def _snapshot(self) -> TierSnapshot:
