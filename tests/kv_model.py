@@ -3,9 +3,15 @@
 
 def apply_block_copies(pool: dict, copies: list[tuple[int, int]], block_size: int) -> None:
     """What the runner does before a forward: copy whole blocks (copy-on-write), empty slots included."""
-    for src, dst in copies:
+    copy_blocks(pool, pool, copies, block_size)
+
+
+def copy_blocks(src: dict, dst: dict, pairs: list[tuple[int, int]], block_size: int) -> None:
+    """Whole blocks src[i] -> dst[j], empty slots included (what index_select / index_copy_ move): within
+    one pool (copy-on-write) or between the device pool and the host tier."""
+    for i, j in pairs:
         for off in range(block_size):
-            if src * block_size + off in pool:
-                pool[dst * block_size + off] = pool[src * block_size + off]
+            if i * block_size + off in src:
+                dst[j * block_size + off] = src[i * block_size + off]
             else:
-                pool.pop(dst * block_size + off, None)
+                dst.pop(j * block_size + off, None)

@@ -20,6 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from kv_model import copy_blocks
 from nano_infer.kv import BlockManager
 from nano_infer.kv.cost import CostModel
 from nano_infer.kv.host_tier import HostTier
@@ -28,6 +29,7 @@ from nano_infer.prefix import make_prefix_cache
 from nano_infer.prefix.hash_cache import chain_hash, root_hash
 from nano_infer.sampling_params import SamplingParams
 from nano_infer.sequence import Sequence
+from nano_infer.utils import cdiv
 
 TOKENS = st.integers(0, 2)  # a small alphabet, so prompts share prefixes and blocks
 # prompts share prefixes, as chats share a system prompt: the blocks evicted from one come back for another
@@ -39,23 +41,9 @@ MAX_LIVE = 4  # sequences at once: more would fill the small pools and leave not
 PARAMS = {salt: SamplingParams(max_tokens=None, cache_salt=salt) for salt in (None, "t")}
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def copy_blocks(src: dict, dst: dict, pairs, block_size: int) -> None:
-    """Whole blocks src[i] -> dst[j], empty slots included (what index_select/index_copy_ move)."""
-    for i, j in pairs:
-        for off in range(block_size):
-            if i * block_size + off in src:
-                dst[j * block_size + off] = src[i * block_size + off]
-            else:
-                dst.pop(j * block_size + off, None)
-
-
 def pending_loads(tier: HostTier) -> dict[int, int]:
-    """device block -> host block of the loads and swap-ins queued (the tier may tag each with its kind)."""
-    return {d: (h[0] if isinstance(h, tuple) else h) for d, h in tier.pending_in.items()}
+    """device block -> host block of the loads and swap-ins queued."""
+    return {d: h for d, (h, _) in tier.pending_in.items()}
 
 
 def content(seq: Sequence, pos: int):
