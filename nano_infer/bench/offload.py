@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..kv.host_tier import HostTierStats
 from ..sampling_params import SamplingParams
+from ..utils import cdiv
 from .prefix import chat_prompt, questions, system_prompt
 from .timing import Timings, interleaved, one_thread, verdict
 from .workload import ordinary_token_ids
@@ -68,7 +69,7 @@ def longest_request_blocks(tokenizer, chats: Chats, max_tokens: int, block_size:
             messages += [{"role": "user", "content": line}, {"role": "assistant", "content": filler}]
         messages.append({"role": "user", "content": turns[-1]})
         longest = max(longest, len(chat_prompt(tokenizer, messages)) + max_tokens)
-    return -(-longest // block_size)
+    return cdiv(longest, block_size)
 
 
 @dataclass

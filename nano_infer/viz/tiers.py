@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 
 from ..kv.host_tier import HostTierStats
+from ..utils import cdiv
 from . import stepper
 
 # states of a block, the values the heatmaps colour
@@ -154,7 +155,7 @@ def _cell(block: int, columns: int, top: float) -> tuple[int, float]:
 
 def _grid(states: list[int], columns: int, top: float, owners: dict[int, str], hover) -> go.Heatmap:
     """One tier as a heatmap: a cell per block, its colour the state, its text the request that holds it."""
-    rows = -(-len(states) // columns)
+    rows = cdiv(len(states), columns)
     z = [[None] * columns for _ in range(rows)]
     text = [[""] * columns for _ in range(rows)]
     hovers = [[""] * columns for _ in range(rows)]
@@ -176,7 +177,7 @@ def _arrow(kind: str, x0: float, y0: float, x1: float, y1: float) -> dict:
 def tier_figure(snapshots: list[TierSnapshot], i: int, columns: int = 16, max_arrows: int = 32) -> go.Figure:
     """Snapshot i: the device pool (top grid) and the host tier (bottom grid), this step's copies as arrows."""
     snap = snapshots[i]
-    device_rows, host_rows = -(-len(snap.device) // columns), -(-len(snap.host) // columns)
+    device_rows, host_rows = cdiv(len(snap.device), columns), cdiv(len(snap.host), columns)
     host_top = device_rows + 1  # one empty row between the grids
 
     def device_hover(block, state):
