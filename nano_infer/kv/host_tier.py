@@ -13,12 +13,13 @@ The tier keeps what it loads back (it is inclusive): a block that is evicted aga
 no second copy out.
 
 It also holds the blocks of sequences preempted by swapping (vLLM v0's swap space): their K/V
-is copied out whole and copied back on re-admission, instead of recomputed.
+is copied out and copied back on re-admission, instead of recomputed. A swapped block that the
+prefix cache also holds goes into the index too, so its later eviction copies nothing.
 
 This class is bookkeeping only, like the BlockManager: ids, reference counts, an index and the
 copies still to do. The copies themselves run in `KVOffloader` before the next forward pass, in
 one batched copy each way: first device -> host (the blocks just evicted or swapped, before
-anything overwrites them), then host -> device. Until the copies are handed over, a host block
+anything overwrites them), then the step's copies-on-write, then host -> device. Until the copies are handed over, a host block
 being read by a load keeps a reference, so no offload can overwrite it in the same step.
 """
 from __future__ import annotations
@@ -98,9 +99,7 @@ class HostTier:
         if block is None:
             self.stats.dropped_blocks += 1
             return False
-        self.index[key[0]] = block
-        self.block_key[block] = key
-        self.lru[block] = None
+        self._index(block, key)  # the index's reference is the one _take gave
         self.pending_out[block] = device_block, False
         self.stats.offloaded_blocks += 1
         return True
@@ -151,12 +150,9 @@ class HostTier:
         for i in misses:
             block = host[i] = self._take()
             self.pending_out[block] = device_blocks[i], True
-            key = keys[i]
-            if key is not None and key[0] not in self.index:
-                self.index[key[0]] = block
-                self.block_key[block] = key
-                self.lru[block] = None
-                self.ref_count[block] += 1
+            if keys[i] is not None and keys[i][0] not in self.index:
+                self._index(block, keys[i])
+                self.ref_count[block] += 1  # the index's, beside the sequence's
         self.stats.swapped_out_blocks += len(misses)
         return host, len(misses)
 
@@ -202,6 +198,12 @@ class HostTier:
         block = self.free_blocks.pop()
         self.ref_count[block] = 1
         return block
+
+    def _index(self, block: int, key: BlockKey) -> None:
+        """Put a block in the index, most recently used (the caller counts the index's reference)."""
+        self.index[key[0]] = block
+        self.block_key[block] = key
+        self.lru[block] = None
 
     def _drop(self, block: int) -> None:
         """Take a block out of the index (its K/V is gone) and release the index's reference."""
