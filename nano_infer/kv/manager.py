@@ -214,14 +214,9 @@ class KVManager:
         nothing done) when the mode says recompute, the cost rule prefers it, or the tier is full."""
         if self.tier is None:
             return False
-        num_blocks = cdiv(seq.num_computed_tokens, self.block_size)
         host = None
-        # recomputed instead: a sequence whose K/V is not copied in yet, and an idle one (a beam waiting
-        # for its siblings: recomputed, it offers its row again; swapped, it would come back with nothing to run)
-        arriving = any(block in self.tier.pending_in for block in seq.block_table)
-        if num_blocks and not arriving and seq.num_uncomputed_tokens and (self.preemption_mode == "swap" or (
-                self.preemption_mode == "auto" and self.cost.prefer_swap(num_blocks, self._recompute_tokens(seq)))):
-            table = seq.block_table[:num_blocks]
+        if self._should_swap(seq):
+            table = seq.block_table[: cdiv(seq.num_computed_tokens, self.block_size)]
             host = self.tier.swap_out(table, [self.block_keys.get(block) for block in table])
         if host is None:
             self.tier.stats.recompute_preemptions += 1
@@ -231,6 +226,17 @@ class KVManager:
         seq.num_blocks_swapped_out += num_copies
         self.tier.stats.swap_preemptions += 1
         return True
+
+    def _should_swap(self, seq: Sequence) -> bool:
+        """The mode's answer. Always recomputed: a sequence with nothing computed, one whose K/V is
+        still being copied in, and an idle one (a beam waiting for its siblings: recomputed, it offers
+        its row again; swapped, it would come back with nothing to run)."""
+        num_blocks = cdiv(seq.num_computed_tokens, self.block_size)
+        if not num_blocks or not seq.num_uncomputed_tokens or any(b in self.tier.pending_in for b in seq.block_table):
+            return False
+        if self.preemption_mode == "auto":
+            return self.cost.prefer_swap(num_blocks, self._recompute_tokens(seq))
+        return self.preemption_mode == "swap"
 
     def _recompute_tokens(self, seq: Sequence) -> int:
         """Tokens a recompute would prefill again: those past what the prefix cache and the tier hold
