@@ -52,7 +52,6 @@ class HostKVPool:
         else:
             self.tensor = lazy_zeros(shape, pool.dtype)
             self.stream = None
-        self.block_nbytes = self.tensor[:, :, 0].numel() * self.tensor.element_size()
 
     @property
     def nbytes(self) -> int:
