@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ..kv.host_tier import HostTierStats
 from ..sampling_params import SamplingParams
 from ..utils import cdiv
-from .prefix import chat_prompt, questions, system_prompt
+from .prefix import chat_prompt, questions, run_one, system_prompt
 from .timing import Timings, interleaved, one_thread, verdict
 from .workload import ordinary_token_ids
 
@@ -148,22 +148,13 @@ def stats_delta(after: HostTierStats, before: HostTierStats) -> HostTierStats:
     return HostTierStats(**{k: v - getattr(before, k) for k, v in vars(after).items()})
 
 
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=max_tokens)
-
-
 def run_turn(llm, prompt_ids: list[int], max_tokens: int, chat: int = 0, turn: int = 0) -> tuple[TurnRecord, object]:
-    """One request alone on the engine (nothing else in flight), with what the caches and the tier did for it."""
-    engine = llm.engine
-    if engine.has_unfinished_requests():
-        raise ValueError("run_turn measures a request alone: the engine still has requests in flight")
-    before_tokens, before = engine.runner.num_forward_tokens, tier_stats(llm)
-    out = llm.generate(prompt_token_ids=[prompt_ids], sampling_params=greedy(max_tokens), use_tqdm=False)[0]
-    decode = max(0, len(out.outputs[0].token_ids) - 1)  # the last sampled token is never fed back
+    """One request alone on the engine (chapter 03's `run_one`), with what the tier did for it."""
+    before = tier_stats(llm)
+    one, out = run_one(llm, prompt_ids, max_tokens)
     moved = stats_delta(tier_stats(llm), before)
-    record = TurnRecord(chat, turn, len(prompt_ids), out.num_cached_tokens, out.metrics.num_host_cached_tokens,
-                        engine.runner.num_forward_tokens - before_tokens - decode, out.metrics.ttft,
-                        list(out.outputs[0].token_ids), moved.blocks_in, moved.blocks_out)
+    record = TurnRecord(chat, turn, one.prompt_tokens, one.cached_tokens, out.metrics.num_host_cached_tokens,
+                        one.prefill_tokens, one.ttft, one.output_token_ids, moved.blocks_in, moved.blocks_out)
     return record, out
 
 
