@@ -13,10 +13,10 @@ if not _logger.handlers:
     _logger.setLevel(logging.INFO)
     _logger.propagate = False
 
-from .async_engine import AsyncLLM
+from .serving.async_llm import AsyncLLM
 from .beam import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from .config import EngineConfig
-from .engine import LLMEngine
+from .engine.llm_engine import LLMEngine
 from .llm import LLM
 from .models.loader import default_model
 from .outputs import CompletionOutput, RequestOutput

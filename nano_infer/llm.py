@@ -14,8 +14,8 @@ from collections.abc import Sequence as Seq
 from tqdm.auto import tqdm
 
 from .beam import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, length_penalised
-from .chat_template import chat_token_ids
-from .engine import LLMEngine
+from .text.chat_template import chat_token_ids
+from .engine.llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from nano_infer import LLM, LLMEngine, SamplingParams
-from nano_infer.sampling import apply_top_k_top_p
+from nano_infer.engine.sampling import apply_top_k_top_p
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +193,7 @@ def test_chat_applies_the_template(llm):
 
 
 def test_cli_generate_streams_text(qwen2_dir, capsys):
-    from nano_infer.cli import main
+    from nano_infer.cli.main import main
 
     assert main(["generate", "To be, or not", "--model", str(qwen2_dir), "--max-tokens", "8", "--ignore-eos"]) == 0
     printed = capsys.readouterr().out

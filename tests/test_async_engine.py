@@ -6,9 +6,10 @@ import threading
 import pytest
 
 from nano_infer import LLM, CompletionOutput, RequestOutput, SamplingParams
-from nano_infer.async_engine import AsyncLLM, _Deltas
-from nano_infer.byte_level import gpt2_unicode_to_byte
-from nano_infer.detokenizer import IncrementalDetokenizer
+from nano_infer.serving.async_llm import AsyncLLM
+from nano_infer.serving.streams import Deltas
+from nano_infer.text.byte_level import gpt2_unicode_to_byte
+from nano_infer.text.detokenizer import IncrementalDetokenizer
 from engine_checks import assert_idle_and_blocks_free, record_aborts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -214,7 +215,7 @@ def test_shutdown_ends_running_requests_and_refuses_new_ones(qwen2_dir):
 
 
 def test_deltas_hold_back_a_possible_stop_string():
-    deltas = _Deltas(SamplingParams(stop=["wor"]))
+    deltas = Deltas(SamplingParams(stop=["wor"]))
 
     def cumulative(text, tokens, reason=None):
         return RequestOutput("r", None, [1], [CompletionOutput(0, text, tokens, reason)], reason is not None)

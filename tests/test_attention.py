@@ -5,7 +5,7 @@ K/V is written at `block * block_size + offset`, and the step's new tokens (pref
 of any length and single decode tokens, interleaved in one packed batch) come in as q/k/v.
 The reference is float64 softmax attention per sequence over its full K/V with the causal
 mask at absolute positions, with K/V repeated per query head (no GQA folding), so it
-shares no code with nano_infer.attention.
+shares no code with nano_infer.models.attention.
 
 Tolerance: inputs are N(0, 1) in float32; outputs must match the float64 reference within
 atol 2e-5 + rtol 1e-4 (float32 rounding over a few hundred keys is ~1e-6).
@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nano_infer.attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend
+from nano_infer.models.attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend
 
 ATOL, RTOL = 2e-5, 1e-4
 IMPLS = ["gather", "blockwise"]

@@ -180,7 +180,7 @@ def test_attention_case_memory_gather_grows_blockwise_stays_flat():
 def test_step_profile_accounts_for_the_step(qwen2_dir):
     from nano_infer import LLMEngine
     from nano_infer.bench.profile import fill, step_breakdown
-    from nano_infer.model_runner import ModelRunner
+    from nano_infer.engine.model_runner import ModelRunner
 
     engine = LLMEngine(str(qwen2_dir), dtype="float32")
     fill(engine, num_seqs=3, context=20)

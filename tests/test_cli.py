@@ -1,7 +1,7 @@
 """The command line tells a newcomer what they are running: defaults in --help, the default model named."""
 import pytest
 
-from nano_infer.cli import announce_default_model, main
+from nano_infer.cli.main import announce_default_model, main
 
 
 def test_help_shows_defaults(capsys):

@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from nano_infer.byte_level import gpt2_byte_to_unicode
+from nano_infer.text.byte_level import gpt2_byte_to_unicode
 from nano_infer.constrained import TokenVocabulary
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

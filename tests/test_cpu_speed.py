@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 from nano_infer import LLM, SamplingParams
-from nano_infer.cpu_allocator import keep_freed_memory
+from nano_infer.engine.cpu_allocator import keep_freed_memory
 from nano_infer.models import packed
 from nano_infer.models.packed import PackedLinear, can_pack
-from nano_infer.sampling import greedy_tokens
+from nano_infer.engine.sampling import greedy_tokens
 
 needs_packing = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16),
                                    reason="no oneDNN bfloat16 here (a torch build without mkldnn, or a CPU without AVX512 or AMX)")

@@ -77,7 +77,7 @@ def test_bad_gguf_arguments_are_clear_errors(tmp_path):
 
 
 def test_command_line_generates_from_a_gguf_file(capsys):
-    from nano_infer.cli import main
+    from nano_infer.cli.main import main
 
     assert main(["generate", "What is the capital of France?", "--chat", "--model", str(GGUF), "--dtype", "float32",
                  "--max-tokens", "12"]) == 0

@@ -61,7 +61,7 @@ def test_a_failing_request_fails_alone(engine, where):
 
 def test_llm_generate_raises_the_failure_and_leaves_the_engine_clean(qwen2_dir, monkeypatch):
     llm = LLM(str(qwen2_dir), dtype="float32", block_size=4)
-    import nano_infer.output_processor as engine_module
+    import nano_infer.engine.output_processor as engine_module
 
     monkeypatch.setattr(engine_module, "sample", Exploding())
     with pytest.raises(RuntimeError, match="failed: boom"):

@@ -6,8 +6,8 @@ import httpx
 
 from engine_checks import serving
 from nano_infer import LLM, SamplingParams
-from nano_infer.cli_engine import add_engine_args, engine_kwargs
-from nano_infer.metrics import EngineMetrics
+from nano_infer.cli.engine_args import add_engine_args, engine_kwargs
+from nano_infer.serving.metrics import EngineMetrics
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 BS = 4

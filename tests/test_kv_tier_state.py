@@ -28,7 +28,7 @@ from nano_infer.kv.manager import KVManager
 from nano_infer.prefix import make_prefix_cache
 from nano_infer.prefix.hash_cache import chain_hash, root_hash
 from nano_infer.sampling_params import SamplingParams
-from nano_infer.sequence import Sequence
+from nano_infer.engine.sequence import Sequence
 from nano_infer.utils import cdiv
 
 TOKENS = st.integers(0, 2)  # a small alphabet, so prompts share prefixes and blocks
@@ -396,7 +396,7 @@ def test_a_copy_on_write_source_taken_for_a_swap_in_in_the_same_step_is_copied_b
     """A request whose whole prompt is cached copies its last block on write, leaving the cached original
     idle; a swapped-out sequence admitted after it in the same step can evict that original and get it
     as the first block it swaps into. Its copy-on-write must read the original's K/V, not the swapped-in one."""
-    from nano_infer.scheduler import Scheduler
+    from nano_infer.engine.scheduler import Scheduler
 
     bs = 2
     kv = KVManager(BlockManager(6, bs), make_prefix_cache("hash", bs), HostTier(16, bs), CostModel(1000), "swap")

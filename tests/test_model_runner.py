@@ -7,10 +7,10 @@ layout, and that every token still lands at its own position, slot and logit row
 import torch
 
 from nano_infer.kv import KVPool
-from nano_infer.model_runner import ModelRunner
+from nano_infer.engine.model_runner import ModelRunner
 from nano_infer.sampling_params import SamplingParams
-from nano_infer.scheduler import ScheduledSeq
-from nano_infer.sequence import Sequence
+from nano_infer.engine.scheduler import ScheduledSeq
+from nano_infer.engine.sequence import Sequence
 
 BS = 4
 

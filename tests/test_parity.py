@@ -7,7 +7,7 @@ import torch
 
 from model_factory import hf_model
 from nano_infer import LLM, LLMEngine, SamplingParams
-from nano_infer.attention import AttentionMetadata, SeqSlice, make_backend
+from nano_infer.models.attention import AttentionMetadata, SeqSlice, make_backend
 
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)

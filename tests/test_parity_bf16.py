@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nano_infer import LLM, LLMEngine, SamplingParams
-from nano_infer.attention import AttentionMetadata, SeqSlice, make_backend
+from nano_infer.models.attention import AttentionMetadata, SeqSlice, make_backend
 from test_parity import MAX_NEW, prompts
 
 

@@ -12,7 +12,7 @@ from nano_infer.kv import BlockManager
 from nano_infer.kv.manager import KVManager
 from nano_infer.prefix import make_prefix_cache
 from nano_infer.sampling_params import SamplingParams
-from nano_infer.sequence import Sequence
+from nano_infer.engine.sequence import Sequence
 
 PARAMS = SamplingParams(max_tokens=None)
 

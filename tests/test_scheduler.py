@@ -19,8 +19,8 @@ from nano_infer.kv import BlockManager
 from nano_infer.kv.manager import KVManager
 from nano_infer.prefix import make_prefix_cache
 from nano_infer.sampling_params import SamplingParams
-from nano_infer.scheduler import Scheduler
-from nano_infer.sequence import Sequence, SequenceStatus
+from nano_infer.engine.scheduler import Scheduler
+from nano_infer.engine.sequence import Sequence, SequenceStatus
 from kv_model import apply_block_copies
 
 
@@ -255,7 +255,7 @@ def test_static_batching_waits_for_the_whole_batch():
 @pytest.mark.parametrize("max_queue,admitted", [(128, "r2"), (1, "r1")])
 def test_lpm_admits_the_longest_cached_prefix_first(monkeypatch, max_queue, admitted):
     """...while the queue is at most LPM_MAX_QUEUE long; past that, first come first served."""
-    monkeypatch.setattr("nano_infer.scheduler.LPM_MAX_QUEUE", max_queue)
+    monkeypatch.setattr("nano_infer.engine.scheduler.LPM_MAX_QUEUE", max_queue)
     loop = make_loop(cache="radix", policy="lpm", max_num_seqs=1,
                      requests=[(0, [1, 2, 3, 4, 5], 1), (0, [9, 9, 9], 1), (0, [1, 2, 3, 4, 7], 1)])
     loop.add(0)

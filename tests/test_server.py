@@ -9,13 +9,15 @@ import jsonschema
 import openai
 import pytest
 
-import nano_infer.output_processor
+import nano_infer.engine.output_processor
 import nano_infer.server
 from nano_infer import LLM, SamplingParams
-from nano_infer.async_engine import AsyncLLM
-from nano_infer.byte_level import gpt2_unicode_to_byte
+from nano_infer.serving.async_llm import AsyncLLM
+from nano_infer.text.byte_level import gpt2_unicode_to_byte
 from nano_infer.constrained import ByteDFA, json_schema_to_regex
-from nano_infer.server import BackgroundServer, CompletionBody, _sampling_params
+from nano_infer.server import BackgroundServer
+from nano_infer.server.app import sampling_params_from
+from nano_infer.server.protocol import CompletionBody
 from engine_checks import assert_idle_and_blocks_free, record_aborts
 
 CHAT = [{"role": "user", "content": "To be, or not to be?"}]
@@ -241,7 +243,7 @@ def test_text_split_mid_character_streams_whole_characters(client, model, tokeni
     text = "To be 你好，世界！ 🙂🚀 café"
     byte_token = {b: tokenizer.convert_tokens_to_ids(c) for c, b in gpt2_unicode_to_byte().items()}
     forced = [byte_token[b] for b in text.encode("utf-8")]
-    monkeypatch.setattr(nano_infer.output_processor, "sample", lambda logits, seqs: [forced[s.num_output_tokens] for s in seqs])
+    monkeypatch.setattr(nano_infer.engine.output_processor, "sample", lambda logits, seqs: [forced[s.num_output_tokens] for s in seqs])
     args = dict(model=model, prompt="x", max_tokens=len(forced), temperature=0)
     deltas = [c.choices[0].text for c in client.completions.create(stream=True, **args)]
     assert all("\ufffd" not in d for d in deltas) and "".join(deltas) == text
@@ -276,14 +278,14 @@ def test_response_format_json_object_gives_an_object(client, model):
 def test_response_format_becomes_a_json_schema_constraint():
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     body = CompletionBody(prompt="x", response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
-    assert _sampling_params(body, 8).json_schema == schema
-    assert _sampling_params(CompletionBody(prompt="x", response_format={"type": "json_object"}), 8).json_schema == {"type": "object"}
-    assert _sampling_params(CompletionBody(prompt="x", response_format={"type": "text"}), 8).json_schema is None
+    assert sampling_params_from(body, 8).json_schema == schema
+    assert sampling_params_from(CompletionBody(prompt="x", response_format={"type": "json_object"}), 8).json_schema == {"type": "object"}
+    assert sampling_params_from(CompletionBody(prompt="x", response_format={"type": "text"}), 8).json_schema is None
 
 
 def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
     """`nano-infer serve` builds the engine from its options and serves it; uvicorn runs in a thread here."""
-    from nano_infer.cli import main
+    from nano_infer.cli.main import main
 
     seen = {}
 

@@ -29,7 +29,7 @@ from engine_checks import assert_idle_and_blocks_free, free_port, serving, wait_
 from nano_infer import SamplingParams
 from nano_infer.constrained import ConstraintLimits
 from nano_infer.outputs import RequestOutput
-from nano_infer.protocol import JSON_OBJECT
+from nano_infer.server.protocol import JSON_OBJECT
 from nano_infer.server import BackgroundServer, ServerLimits
 
 VICTIM_TOKENS = 48
@@ -239,7 +239,7 @@ ROUND2_LIMITS = ServerLimits(request_timeout=1.5, max_connections_per_peer=32, m
 @pytest.fixture(scope="module")
 def tenants(qwen2_dir):
     """A server with two API keys (two tenants), 16 sequences per step, small connection limits."""
-    from nano_infer.async_engine import AsyncLLM
+    from nano_infer.serving.async_llm import AsyncLLM
 
     llm = AsyncLLM(str(qwen2_dir), dtype="float32", block_size=4, max_num_seqs=16,
                    constraint_limits=ConstraintLimits(timeout=COMPILE_TIMEOUT))
@@ -445,7 +445,7 @@ def test_8_a_chat_of_many_empty_messages_is_refused_by_counting(tenants):
 
 
 def test_9_a_dead_tensor_parallel_worker_fails_health_and_stops_the_server(qwen2_dir):
-    from nano_infer.async_engine import AsyncLLM
+    from nano_infer.serving.async_llm import AsyncLLM
 
     llm = AsyncLLM(str(qwen2_dir), dtype="float32", tensor_parallel_size=2, distributed_timeout=30)
     server = BackgroundServer(llm)

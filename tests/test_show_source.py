@@ -3,8 +3,8 @@ import inspect
 
 from IPython.core.interactiveshell import InteractiveShell
 
-from nano_infer.model_runner import ModelRunner
-from nano_infer.sampling import sample
+from nano_infer.engine.model_runner import ModelRunner
+from nano_infer.engine.sampling import sample
 from nano_infer.viz import show_source
 
 
@@ -18,7 +18,7 @@ def test_a_decorated_function_shows_its_own_source_and_file(capsys):
     """ModelRunner.run is under @torch.inference_mode(): the listing is run's, from model_runner.py."""
     text = shown(ModelRunner.run, capsys)
     own, first = inspect.getsourcelines(ModelRunner.run.__wrapped__)
-    assert "nano_infer/model_runner.py" in text and "_contextlib" not in text
+    assert "nano_infer/engine/model_runner.py" in text and "_contextlib" not in text
     assert f"lines {first}-{first + len(own) - 1}" in text and "def run(" in text
 
 

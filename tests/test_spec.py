@@ -285,7 +285,7 @@ def test_spec_bench_reports_acceptance_and_speedup_from_its_rounds(qwen2_dir, tm
 
 
 def test_cli_takes_a_speculative_config(qwen2_dir, capsys):
-    from nano_infer.cli import main
+    from nano_infer.cli.main import main
 
     args = ["generate", "To be, or not", "--model", str(qwen2_dir), "--max-tokens", "8", "--ignore-eos"]
     assert main(args + ["--speculative-config", json.dumps(NGRAM)]) == 0

@@ -2,7 +2,7 @@
 import pytest
 
 from nano_infer import LLM, SamplingParams
-from nano_infer.memory import StepRecord
+from nano_infer.engine.memory import StepRecord
 from nano_infer.viz.timeline import (attention_scaling_figure, classify, lifecycle_figure, per_request_figure, schedule_gantt,
                                      schedule_segments)
 

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from ..plugin import EnginePlugin
-from ..sequence import Sequence, SequenceStatus
+from ..engine.plugin import EnginePlugin
+from ..engine.sequence import Sequence, SequenceStatus
 
 
 class BeamSearcher(EnginePlugin):

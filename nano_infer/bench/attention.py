@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import AttentionBackend
+from ..models.attention import AttentionBackend
 from ..kv import KVPool
-from ..model_runner import ModelRunner
+from ..engine.model_runner import ModelRunner
 from ..sampling_params import SamplingParams
-from ..scheduler import ScheduledSeq
-from ..sequence import Sequence
+from ..engine.scheduler import ScheduledSeq
+from ..engine.sequence import Sequence
 from ..utils import cdiv
 from .timing import interleaved
 

@@ -26,7 +26,7 @@ class Bench:
     def __init__(self, model_dir: str | Path, engines=ENGINES, static_batch_size: int = 8, **nano_options):
         from transformers import AutoModelForCausalLM
 
-        from ..engine import LLMEngine
+        from ..engine.llm_engine import LLMEngine
 
         unknown = set(engines) - set(ENGINES)
         if unknown:

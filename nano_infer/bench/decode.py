@@ -91,7 +91,7 @@ def profile_step(engine, num_seqs: int, context: int, steps: int = 3, top: int =
 
 
 def main(argv=None) -> dict:
-    from ..engine import LLMEngine
+    from ..engine.llm_engine import LLMEngine
 
     p = argparse.ArgumentParser(prog="python -m nano_infer.bench.decode", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="default", help="'default' (the shipped model), a bench shape such as "

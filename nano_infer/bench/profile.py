@@ -163,7 +163,7 @@ def print_workload_breakdown(engine, args) -> None:
 
 
 def main(argv=None):
-    from ..engine import LLMEngine
+    from ..engine.llm_engine import LLMEngine
 
     p = argparse.ArgumentParser(prog="python -m nano_infer.bench.profile", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="checkpoint folder, hub id or a bench shape such as "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from ..byte_level import decoder_kinds, gpt2_unicode_to_byte
+from ..text.byte_level import decoder_kinds, gpt2_unicode_to_byte
 from .trie import VocabTrie
 
 

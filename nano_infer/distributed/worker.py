@@ -77,9 +77,9 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def serve(launch: Launch, backend: str, timeout_s: float) -> None:
-    from ..cpu_allocator import keep_freed_memory
+    from ..engine.cpu_allocator import keep_freed_memory
     from ..kv import KVPool
-    from ..model_runner import ModelRunner
+    from ..engine.model_runner import ModelRunner
     from ..models.loader import load_config, load_model, resolve_model_dir
 
     messages, steps = init_groups(launch, backend, timeout_s)

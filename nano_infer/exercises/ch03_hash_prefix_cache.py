@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from ..kv.block_manager import BlockManager
 from ..prefix.hash_cache import HashPrefixCache
 from ..sampling_params import SamplingParams
-from ..sequence import Sequence
+from ..engine.sequence import Sequence
 from .core import call, exercise, expect, forall
 
 _tokens = st.lists(st.integers(0, 3), max_size=14)

@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 from ..kv.block_manager import BlockManager
 from ..kv.manager import KVManager
 from ..sampling_params import SamplingParams
-from ..scheduler import Scheduler
-from ..sequence import Sequence, SequenceStatus
+from ..engine.scheduler import Scheduler
+from ..engine.sequence import Sequence, SequenceStatus
 from .core import call, exercise, expect, forall
 
 

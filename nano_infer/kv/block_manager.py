@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..sequence import Sequence
+from ..engine.sequence import Sequence
 from ..utils import cdiv
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..sequence import Sequence
+from ..engine.sequence import Sequence
 
 
 class ContiguousKVCache:

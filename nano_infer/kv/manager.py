@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..prefix.base import salt_of
 from ..prefix.hash_cache import chain_hash, root_hash
-from ..sequence import Sequence
+from ..engine.sequence import Sequence
 from ..utils import cdiv
 from .host_tier import BlockKey, HostTier
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plugin import EnginePlugin
+from ..engine.plugin import EnginePlugin
 from .cost import CostModel
 from .host_tier import HostTier
 from .paged import KVPool, lazy_zeros

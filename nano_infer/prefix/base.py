@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..sequence import Sequence
+from ..engine.sequence import Sequence
 
 
 def salt_of(seq: Sequence) -> str | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..sequence import Sequence
+from ..engine.sequence import Sequence
 from .base import PrefixCache, salt_of
 
 ROOT_HASH = 0

@@ -21,7 +21,7 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from ..sequence import Sequence
+from ..engine.sequence import Sequence
 from .base import PrefixCache, salt_of
 
 

@@ -26,6 +26,7 @@ The pieces (a request meets the first five in this order):
     tenants.py  who a request is from, and that tenant's requests in flight (429 past the cap)
     body.py     the body parsed and validated on a thread, a tenant's bodies one at a time
     app.py      the routes, and how one request becomes AsyncLLM.generate calls and a response
+    beam.py     a request for beam search (`use_beam_search`) as BeamSearchParams
     fanout.py   the prompts of one request queued together, their outputs merged into one stream
     render.py   engine outputs as OpenAI bodies: a whole reply, or server-sent events
     errors.py   APIError, and every other failure turned into OpenAI's error body
@@ -37,11 +38,6 @@ from .errors import APIError
 from .guard import LOCAL_HOSTS, allowed_hosts_for
 from .limits import MAX_BODY_BYTES, ServerLimits
 from .runner import BackgroundServer, run_server
-
-# Notebook 08 and the tests import these from nano_infer.server too.
-from ..protocol import ChatBody, CompletionBody  # noqa: F401
-from .app import _sampling_params, _unless_disconnected  # noqa: F401
-from .render import _events  # noqa: F401
 
 __all__ = ["APIError", "BackgroundServer", "LOCAL_HOSTS", "MAX_BODY_BYTES", "ServerLimits", "allowed_hosts_for", "build_app",
            "public_model_name", "run_server"]

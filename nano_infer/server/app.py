@@ -9,7 +9,7 @@ one completion request run as engine requests of their own, batched together (fa
 A client that goes away aborts its request and frees its KV blocks. While streaming,
 Starlette notices the disconnect and cancels the response; the cancellation lands in
 AsyncLLM.generate, whose cleanup aborts the request. Before the first byte is sent (a
-non-streamed reply, or a stream waiting for its first token) `_unless_disconnected`
+non-streamed reply, or a stream waiting for its first token) `unless_disconnected`
 watches the connection itself.
 """
 from __future__ import annotations
@@ -24,12 +24,12 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..async_engine import AsyncLLM, EngineUnavailable
+from ..serving.async_llm import AsyncLLM, EngineUnavailable
 from ..beam import BeamSearchParams
-from ..beam.protocol import beam_search_params
+from .beam import beam_search_params
 from ..constrained.compile_pool import CompilePoolBusy, TenantCompilesBusy
-from ..metrics import EngineMetrics
-from ..protocol import (ChatBody, CompletionBody, ContentPart, ProtocolError, check_reply_size, completion_prompts,
+from ..serving.metrics import EngineMetrics
+from .protocol import (ChatBody, CompletionBody, ContentPart, ProtocolError, check_reply_size, completion_prompts,
                         max_prompt_tokens, sampling_params)
 from ..sampling_params import SamplingParams
 from .body import BodyParser
@@ -37,7 +37,7 @@ from .errors import EXCEPTION_HANDLERS, APIError
 from .fanout import fan_out
 from .guard import Drain, _Guard
 from .limits import ServerLimits
-from .render import _events, _Render, _whole_reply, whole_reply_bytes
+from .render import sse_events, _Render, _whole_reply, whole_reply_bytes
 from .tenants import Tenants
 
 
@@ -111,7 +111,7 @@ def _completion_request(body: CompletionBody, model_name: str, max_model_len: in
         echoed = [max_prompt_tokens(p, max_model_len) if body.echo else 0 for p in prompts]
         check_reply_size(echoed, body.n, body.max_tokens, body.logprobs, max_model_len)
     max_tokens = 1 if body.max_tokens == 0 else body.max_tokens
-    return prompts, _sampling_params(body, max_tokens, body.logprobs, body.logprobs if body.echo else None)
+    return prompts, sampling_params_from(body, max_tokens, body.logprobs, body.logprobs if body.echo else None)
 
 
 def _chat_request(body: ChatBody, model_name: str, max_model_len: int) -> tuple[list[dict], SamplingParams]:
@@ -123,7 +123,7 @@ def _chat_request(body: ChatBody, model_name: str, max_model_len: int) -> tuple[
     max_tokens, logprobs = body.max_completion_tokens or body.max_tokens, (body.top_logprobs or 0) if body.logprobs else None
     with _refusal():
         check_reply_size([0], body.n, max_tokens, logprobs, max_model_len)
-    return messages, _sampling_params(body, max_tokens, logprobs)
+    return messages, sampling_params_from(body, max_tokens, logprobs)
 
 
 @contextlib.contextmanager
@@ -135,7 +135,7 @@ def _refusal():
         raise APIError(400, str(e), param=e.param) from e
 
 
-def _sampling_params(body, max_tokens: int | None, logprobs: int | None = None,
+def sampling_params_from(body, max_tokens: int | None, logprobs: int | None = None,
                      prompt_logprobs: int | None = None) -> SamplingParams | BeamSearchParams:
     with _refusal():
         make = beam_search_params if body.use_beam_search else sampling_params
@@ -181,10 +181,10 @@ async def _generate(llm: AsyncLLM, request: Request, body, prompts: list, params
     render = _Render(llm.tokenizer, chat, params.logprobs, echo)
     try:
         if not body.stream:
-            collected = await _unless_disconnected(request, _whole_reply(outputs))
+            collected = await unless_disconnected(request, _whole_reply(outputs))
             content = await asyncio.to_thread(whole_reply_bytes, collected, head, render)
             return Response(content, media_type="application/json")
-        first = await _unless_disconnected(request, anext(outputs))  # bad input raises here, before the 200
+        first = await unless_disconnected(request, anext(outputs))  # bad input raises here, before the 200
     except ValueError as e:
         raise APIError(400, str(e), param=_param_of_engine_error(str(e), params)) from e
     except TenantCompilesBusy as e:
@@ -194,7 +194,7 @@ async def _generate(llm: AsyncLLM, request: Request, body, prompts: list, params
     except _ClientGone:
         return Response(status_code=499)
     options = body.stream_options
-    events = _events(first, outputs, head, render, options is not None and options.include_usage,
+    events = sse_events(first, outputs, head, render, options is not None and options.include_usage,
                      options is not None and options.continuous_usage_stats)
     return _ClosingStream(events, media_type="text/event-stream")
 
@@ -211,7 +211,7 @@ class _ClosingStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-async def _unless_disconnected(request: Request, awaitable):
+async def unless_disconnected(request: Request, awaitable):
     """Await `awaitable`, cancelling it (and so aborting its request) if the client leaves first."""
     async def disconnected():
         while (await request.receive())["type"] != "http.disconnect":

@@ -19,7 +19,7 @@ import json
 import logging
 import uuid
 
-from ..detokenizer import is_byte_level, token_bytes_table
+from ..text.detokenizer import is_byte_level, token_bytes_table
 from ..outputs import CompletionOutput
 from .errors import APIError
 
@@ -139,7 +139,7 @@ def _event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def _events(first, outputs, head: dict, render: _Render, include_usage: bool, continuous_usage: bool = False):
+async def sse_events(first, outputs, head: dict, render: _Render, include_usage: bool, continuous_usage: bool = False):
     """The SSE body: a chunk per output with new text (or a finish), then usage, then [DONE].
     `continuous_usage` (vLLM's stream_options.continuous_usage_stats): usage so far in every chunk."""
     kind = "chat.completion.chunk" if render.chat else "text_completion"

@@ -26,7 +26,7 @@ import time
 
 import uvicorn
 
-from ..async_engine import AsyncLLM
+from ..serving.async_llm import AsyncLLM
 from .app import build_app
 from .connections import protocol_class
 from .guard import Drain, allowed_hosts_for

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plugin import EnginePlugin
-from ..sampling import greedy_tokens
+from ..engine.plugin import EnginePlugin
+from ..engine.sampling import greedy_tokens
 from .config import SpeculativeConfig
 from .ngram import propose_ngram
 from .rejection import accept_greedy, accept_sampled, target_probs

@@ -13,8 +13,8 @@ import torch
 
 from ..kv import KVPool
 from ..models.loader import load_config, load_model, resolve_model_dir
-from ..sampling import greedy_tokens
-from ..scheduler import ScheduledSeq
+from ..engine.sampling import greedy_tokens
+from ..engine.scheduler import ScheduledSeq
 from .rejection import target_probs
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import apply_top_k_top_p
+from ..engine.sampling import apply_top_k_top_p
 
 
 def target_probs(logits: torch.Tensor, params) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..kv.block_manager import BlockEvent
-from ..memory import StepRecord
+from ..engine.memory import StepRecord
 from . import stepper
 
 REF_COLORS = ["#eeeeee", "#1f77b4", "#ff7f0e", "#d62728"]  # ref count 0, 1, 2, 3+

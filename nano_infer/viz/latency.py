@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..memory import StepRecord
+from ..engine.memory import StepRecord
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Chapters 00-02's pictures: time per decode step, and KV memory reserved vs. used per engine step.
 
 The memory figures read `engine.history` (`LLM(record_steps=True)`): one
-`nano_infer.memory.StepRecord` per step, taken after the step ran, with the bytes the
+`nano_infer.engine.memory.StepRecord` per step, taken after the step ran, with the bytes the
 cache has set aside (`kv_reserved_bytes`) and the bytes holding a token's K/V
 (`kv_used_bytes`).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..memory import StepRecord
+from ..engine.memory import StepRecord
 
 
 def step_time_figure(curves: dict[str, tuple[list[int], list[float]]], title: str = "time per decode step") -> go.Figure:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
-from ..sampling import apply_top_k_top_p
+from ..engine.sampling import apply_top_k_top_p
 
 
 def token_label(tokenizer, token_id: int) -> str:

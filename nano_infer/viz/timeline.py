@@ -10,7 +10,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..memory import StepRecord
+from ..engine.memory import StepRecord
 
 COLORS = {"prefill": "#ff7f0e", "decode": "#2ca02c", "recompute": "#d62728"}
 PALETTE = ["#1f77b4", "#9467bd", "#8c564b", "#e377c2"]

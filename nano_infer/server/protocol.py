@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from .sampling_params import (MAX_CACHE_SALT, MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SEED_RANGE,
+from ..sampling_params import (MAX_CACHE_SALT, MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SEED_RANGE,
                               SamplingParams)
 
 Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]  # strict floats take ints, never bools or strings
@@ -116,7 +116,7 @@ class _GenerateBody(_Body):
     guided_choice: Capped(StrictStr, MAX_CHOICE_OPTIONS) | None = None
     guided_decoding_backend: StrictStr | None = None  # one backend here: any name picks it
     structured_outputs: StructuredOutputs | None = None
-    # vLLM's beam search (beam/protocol.py): n beams, the n best hypotheses as the choices, not streamed
+    # vLLM's beam search (server/beam.py): n beams, the n best hypotheses as the choices, not streamed
     use_beam_search: StrictBool = False
     length_penalty: Number = 1.0
     early_stopping: StrictBool | Literal["never"] = False
@@ -217,7 +217,7 @@ def sampling_params(body: _GenerateBody, max_tokens: int | None, logprobs: int |
     for name, default in (("length_penalty", 1.0), ("early_stopping", False)):
         if getattr(body, name) != default:
             raise ProtocolError(f"{name} applies to beam search only: send use_beam_search: true", param=name)
-    regex, schema, choice = _constraint(body)
+    regex, schema, choice = constraint_fields(body)
     try:
         return SamplingParams(n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                               max_tokens=max_tokens, stop=body.stop, seed=body.seed, ignore_eos=body.ignore_eos,
@@ -228,7 +228,7 @@ def sampling_params(body: _GenerateBody, max_tokens: int | None, logprobs: int |
         raise ProtocolError(str(e).replace("SamplingParams.", ""), param=_param_of(str(e))) from e
 
 
-def _constraint(body: _GenerateBody) -> tuple[str | None, Any, list[str] | None]:
+def constraint_fields(body: _GenerateBody) -> tuple[str | None, Any, list[str] | None]:
     """(regex, json_schema, choice) from whichever of the three ways the body used; at most one."""
     asked = []  # (field, regex, schema, choice)
     fmt = body.response_format

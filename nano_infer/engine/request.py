@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .detokenizer import IncrementalDetokenizer
-from .outputs import RequestMetrics
+from ..text.detokenizer import IncrementalDetokenizer
+from ..outputs import RequestMetrics
 from .sampling import seeded_generator
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 from .sequence import Sequence
 
 

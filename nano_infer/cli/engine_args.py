@@ -10,7 +10,7 @@ import argparse
 import json
 from dataclasses import fields
 
-from .config import ATTENTIONS, KV_CACHES, OFFLOADING_BACKENDS, PREEMPTION_MODES, PREFIX_CACHES, EngineConfig
+from ..config import ATTENTIONS, KV_CACHES, OFFLOADING_BACKENDS, PREEMPTION_MODES, PREFIX_CACHES, EngineConfig
 
 _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 

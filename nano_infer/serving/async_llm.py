@@ -15,7 +15,7 @@ it, and everything else talks to that thread through two one-way channels:
 
 The inbox is a `queue.Queue`, made for threads: a lock inside, and a blocking `get` that
 lets an idle engine thread sleep until work arrives. The way back is a one-item mailbox per
-request (`_Stream`), and the engine thread never touches it directly. It belongs to one event
+request (`Stream`), and the engine thread never touches it directly. It belongs to one event
 loop, and asyncio objects are not thread-safe: a future resolved from another thread schedules
 its waiter with `loop.call_soon`, which appends to the loop's ready list without waking the
 loop. A loop asleep in `select()` (idle, which is exactly when a client sits waiting for its
@@ -49,12 +49,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .admission import Admission
 from .chat_limits import check_chat_size
-from .deltas import _Deltas
-from .engine import LLMEngine
-from .llm import LLM
-from .mailbox import _Stream
-from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from ..engine.llm_engine import LLMEngine
+from ..llm import LLM
+from .streams import Deltas, Stream
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
 
 _STOP = None  # inbox message that ends the engine thread
 
@@ -79,7 +78,7 @@ class AsyncLLM:
         self._compile_pool = None  # started by the first constrained request
         self._inbox: queue.Queue = queue.Queue()
         self._admission = Admission(self.engine.scheduler.max_num_seqs)  # engine thread only
-        self._streams: dict[str, _Stream] = {}  # requests admitted or waiting for admission; engine thread only
+        self._streams: dict[str, Stream] = {}  # requests admitted or waiting for admission; engine thread only
         self._lock = threading.Lock()  # orders shutdown against new requests
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="nano_infer-engine", daemon=True)
@@ -123,10 +122,10 @@ class AsyncLLM:
         loop = asyncio.get_running_loop()
         token_ids = await loop.run_in_executor(self._tokenizer_thread, self._prompt_ids, prompt)
         index = await self._constraint_index(params, tenant=tenant) if params.constrained else None
-        s = _Stream(request_id or uuid.uuid4().hex, loop)
+        s = Stream(request_id or uuid.uuid4().hex, loop)
         self._send(("add", s, tenant, priority, prompt if isinstance(prompt, str) else None, token_ids, params, stream,
                     index))
-        deltas = _Deltas(params)
+        deltas = Deltas(params)
         done = False
         try:
             while not done:
@@ -162,8 +161,8 @@ class AsyncLLM:
 
     async def _constraint_index(self, params: SamplingParams, trusted: bool = False, tenant: str | None = None):
         if self._compile_pool is None:
-            from .constrained import ConstraintLimits
-            from .constrained.compile_pool import CompilePool
+            from ..constrained import ConstraintLimits
+            from ..constrained.compile_pool import CompilePool
 
             vocab = await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, lambda: self.engine.vocabulary)
             with self._lock:
@@ -229,7 +228,7 @@ class AsyncLLM:
         except queue.Empty:
             return True
 
-    def _handle(self, kind: str, s: _Stream, *args) -> None:
+    def _handle(self, kind: str, s: Stream, *args) -> None:
         if kind == "abort":
             if self._streams.get(s.request_id) is s:  # not a rejected duplicate of a live id
                 self._forget(s)
@@ -253,7 +252,7 @@ class AsyncLLM:
                 self._forget(s)
                 self._push(s, e)
 
-    def _forget(self, s: _Stream) -> None:
+    def _forget(self, s: Stream) -> None:
         """The request is done with the engine (or never reached it): release its place."""
         del self._streams[s.request_id]
         if s.pending.cancelled:
@@ -274,7 +273,7 @@ class AsyncLLM:
             self._forget(s)
             self.engine.abort_request(out.request_id)
 
-    def _push(self, s: _Stream, item) -> bool:
+    def _push(self, s: Stream, item) -> bool:
         try:
             s.loop.call_soon_threadsafe(s.offer, item)
             return True

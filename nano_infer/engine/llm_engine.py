@@ -23,23 +23,23 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineConfig
-from .beam import BeamSearcher, BeamSearchParams, BeamState
+from ..config import EngineConfig
+from ..beam import BeamSearcher, BeamSearchParams, BeamState
 from .cpu_allocator import keep_freed_memory
-from .distributed import driver_shard, start_workers
-from .kv.offload import KVOffloader
-from .kv.paged import kv_bytes_per_token
-from .kv.sizing import make_kv_cache
+from ..distributed import driver_shard, start_workers
+from ..kv.offload import KVOffloader
+from ..kv.paged import kv_bytes_per_token
+from ..kv.sizing import make_kv_cache
 from .memory import StepRecorder
 from .model_runner import ModelRunner
-from .models.loader import default_model, load_config, load_model, pick_dtype, resolve_model
+from ..models.loader import default_model, load_config, load_model, pick_dtype, resolve_model
 from .output_processor import OutputProcessor
-from .outputs import RequestMetrics, RequestOutput
+from ..outputs import RequestMetrics, RequestOutput
 from .request import Request, check_utf8
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .spec import DraftProposer, SpeculativeDecoder
-from .utils import cdiv
+from ..spec import DraftProposer, SpeculativeDecoder
+from ..utils import cdiv
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class LLMEngine:
     def _build_constraint(self, params: SamplingParams, index=None):
         if not params.constrained:
             return None
-        from .constrained import ConstraintLimits, build_constraint
+        from ..constrained import ConstraintLimits, build_constraint
 
         return build_constraint(params, self.vocabulary, self.device, self.config.constraint_limits or ConstraintLimits(),
                                 index)
@@ -242,7 +242,7 @@ class LLMEngine:
     @property
     def vocabulary(self):
         """What every token id spells, for constraints (built on first use, then cached)."""
-        from .constrained import TokenVocabulary
+        from ..constrained import TokenVocabulary
 
         return TokenVocabulary.from_tokenizer(self.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids)
 

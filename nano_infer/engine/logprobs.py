@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .outputs import Logprob
+from ..outputs import Logprob
 
 # Prompt rows normalized at once: each chunk takes a few [rows, vocab] float32 temporaries
 # (256 rows of a 152k vocabulary: 156 MB each), however long the prompt.

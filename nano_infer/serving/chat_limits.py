@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import functools
 
-from .chat_template import chat_token_ids
-from .request import check_utf8
+from ..text.chat_template import chat_token_ids
+from ..engine.request import check_utf8
 
 
 def check_chat_size(engine, messages: list[dict]) -> None:

@@ -17,7 +17,7 @@ import time
 import torch
 
 from .logprobs import logprob_entries, score_prompts
-from .outputs import CompletionOutput, Logprob, RequestOutput
+from ..outputs import CompletionOutput, Logprob, RequestOutput
 from .request import Request
 from .sampling import sample
 from .sequence import Sequence

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend
-from .kv.block_manager import slot_mapping
-from .kv.offload import BlockSwap, HostKVPool
+from ..models.attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend
+from ..kv.block_manager import slot_mapping
+from ..kv.offload import BlockSwap, HostKVPool
 from .scheduler import ScheduledSeq
 
 # Decodes per attention call on CPU. Each call pads to its own longest context, so sorting by length

@@ -12,11 +12,11 @@ import signal
 import sys
 import threading
 
-from .cli_engine import add_engine_args, engine_kwargs
-from .constrained.limits import ConstraintLimits
-from .protocol import JSON_OBJECT
-from .sampling_params import SamplingParams
-from .server.limits import ServerLimits
+from .engine_args import add_engine_args, engine_kwargs
+from ..constrained.limits import ConstraintLimits
+from ..server.protocol import JSON_OBJECT
+from ..sampling_params import SamplingParams
+from ..server.limits import ServerLimits
 
 DEFAULTS = ServerLimits()
 
@@ -63,8 +63,8 @@ def _precompile_json_object(llm) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from .async_engine import AsyncLLM
-    from .server import run_server
+    from ..serving.async_llm import AsyncLLM
+    from ..server import run_server
 
     try:
         llm = AsyncLLM(args.model, constraint_limits=ConstraintLimits(timeout=args.constraint_timeout),

@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .sequence import Sequence, SequenceStatus
-from .utils import cdiv
+from ..utils import cdiv
 
 # LPM matches every waiting request against the prefix cache at every step. Past this many waiting
 # requests the matching costs more than the order saves, and the queue is served first come first

@@ -5,7 +5,7 @@ import itertools
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
 

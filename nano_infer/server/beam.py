@@ -7,8 +7,8 @@ would need every beam checked, and the search keeps no per-token logprobs.
 """
 from __future__ import annotations
 
-from ..protocol import ProtocolError, _constraint, check_unsupported
-from .params import BeamSearchParams
+from .protocol import ProtocolError, check_unsupported, constraint_fields
+from ..beam.params import BeamSearchParams
 
 
 def beam_search_params(body, max_tokens: int | None, logprobs: int | None,
@@ -28,7 +28,7 @@ def beam_search_params(body, max_tokens: int | None, logprobs: int | None,
     for field, bad, why in refused:
         if bad:
             raise ProtocolError(f"{field}: {why}", param=field)
-    if any(c is not None for c in _constraint(body)):
+    if any(c is not None for c in constraint_fields(body)):
         raise ProtocolError("use_beam_search: constrained output is not supported with beam search",
                             param="use_beam_search")
     try:

@@ -6,7 +6,7 @@ import math
 import sys
 from pathlib import Path
 
-from .cli_engine import add_engine_args, engine_kwargs
+from .engine_args import add_engine_args, engine_kwargs
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -20,7 +20,7 @@ class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
 
 def announce_default_model() -> None:
     """No --model given: say which model loads, since the shipped one writes nonsense by design."""
-    from .models.loader import TINY_MODEL_DIR, default_model
+    from ..models.loader import TINY_MODEL_DIR, default_model
 
     model = default_model()
     if Path(model).resolve() != TINY_MODEL_DIR.resolve():
@@ -37,8 +37,8 @@ def announce_default_model() -> None:
 
 
 def _params(args: argparse.Namespace):
-    from .beam import BeamSearchParams
-    from .sampling_params import SamplingParams
+    from ..beam import BeamSearchParams
+    from ..sampling_params import SamplingParams
 
     if args.beam_width is None:
         return SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
@@ -50,7 +50,7 @@ def _params(args: argparse.Namespace):
 
 
 def generate(args: argparse.Namespace) -> int:
-    from .engine import LLMEngine
+    from ..engine.llm_engine import LLMEngine
 
     try:
         params = _params(args)
@@ -81,7 +81,7 @@ def generate(args: argparse.Namespace) -> int:
 
 def _print_beams(engine, params) -> int:
     """Beam search ends all at once: each hypothesis on its own line, best first, with its score."""
-    from .beam import length_penalised
+    from ..beam import length_penalised
 
     out = None
     while engine.has_unfinished_requests():
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(gen)
     gen.set_defaults(func=generate)
     try:
-        from .cli_serve import add_serve_parser
+        from .serve import add_serve_parser
     except ImportError:  # the server's dependencies (fastapi, uvicorn) are optional at import time
         add_serve_parser = None
     if add_serve_parser is not None:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in (parser, *sub.choices.values()):
         p.formatter_class = _HelpWithDefaults
     args = parser.parse_args(argv)
-    from .distributed import run_worker, torchrun_launch
+    from ..distributed import run_worker, torchrun_launch
 
     launch = torchrun_launch()
     if launch is not None and launch.rank > 0:  # torchrun started every rank with this command: rank 0 drives

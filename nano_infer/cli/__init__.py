@@ -1,0 +1,1 @@
+"""The `nano-infer` command: `generate` and `serve`."""

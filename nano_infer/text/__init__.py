@@ -1,0 +1,1 @@
+"""Text in and out: byte-level BPE tables, chat templates, incremental detokenization."""
