@@ -75,7 +75,7 @@ class LLM:
         return self._run(ids, use_tqdm)
 
     def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool | None = None) -> list[BeamSearchOutput]:
-        """Beam search (stage 11) for each prompt: a string, {"prompt": str} or {"prompt_token_ids": [...]}.
+        """Beam search (chapter 11) for each prompt: a string, {"prompt": str} or {"prompt_token_ids": [...]}.
 
         Each prompt is one request whose beams run inside the engine, batched with each other
         and with whatever else is queued; each output holds `beam_width` hypotheses, best first,

@@ -33,7 +33,7 @@ class SamplingParams:
     `temperature=0` is greedy (so is any temperature below 1e-5). `seed` makes sampled
     output reproducible per request, independent of what else is in the batch. `n` asks for several samples of one
     prompt; they share the prompt's KV blocks (fork) when the cache is paged.
-    `regex`, `json_schema` and `choice` constrain the output (stage 07). `logprobs=k`
+    `regex`, `json_schema` and `choice` constrain the output (chapter 07). `logprobs=k`
     returns, at each step, the sampled token's log-probability and those of the k most
     likely tokens, in the model's raw distribution (before temperature, top-k/top-p and
     constraints). `prompt_logprobs=k` returns, for every prompt token but the first, its

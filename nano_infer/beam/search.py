@@ -1,4 +1,4 @@
-"""Stage 11: one request's beam search as plain bookkeeping: candidates in, next beams out.
+"""Chapter 11: one request's beam search as plain bookkeeping: candidates in, next beams out.
 
 Every round, each live beam offers its most likely next tokens (`offer`); when all of them have,
 `select` ranks every (beam, token) by cumulative log-probability and keeps transformers' rules:

@@ -14,8 +14,8 @@ of worker processes (pebble's ProcessPool) at a lower CPU priority than the engi
 - at most `max_pending` different constraints compile or wait at once; more raise
   `CompilePoolBusy` (a server answers 503);
 - one tenant (a server's client) may have at most `per_tenant` of them (default: half the
-  workers, at least one); more raise `TenantCompilesBusy` (429). With one worker, 16 slow schemas
-  from one client made another's trivial schema wait 298 s; now it finds a worker free.
+  workers, at least one); more raise `TenantCompilesBusy` (429), so one client's slow schemas
+  never hold every worker and another client's trivial schema finds one free.
 
 Workers are forked from a single-threaded fork server, never from the server process itself,
 whose engine and HTTP threads could hold locks at the moment of a fork.

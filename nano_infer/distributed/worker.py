@@ -35,7 +35,7 @@ class WorkerConfig:
     device_type: str  # "cpu" or "cuda" (a worker uses cuda:LOCAL_RANK)
     max_model_len: int
     num_blocks: int | None  # KV pool: same block ids as the driver's BlockManager (None: no cache)
-    num_host_blocks: int  # the rank's own host tier (stage 12), same block ids as the driver's HostTier; 0: none
+    num_host_blocks: int  # the rank's own host tier (chapter 12), same block ids as the driver's HostTier; 0: none
     block_size: int
     attention: str
     num_threads: int | None  # torch threads per rank on a CPU

@@ -1,9 +1,8 @@
 """ServerLimits: every bound the HTTP side puts on one client, in one place (the README's table).
 
-Each is a number a hostile client pushed on: 20,000 connections that sent one byte each ran
-the server out of file descriptors; one client that stopped reading held its stream open past
-shutdown; 500 streams from one client put another's first token 23 s late. The engine's own
-limits (prompt length, constraints) live beside the engine; these are the transport's.
+Each bounds something a hostile client can push on (connections, bodies, slow reading, requests
+in flight); the README's limits table says what each one stopped. The engine's own limits (prompt
+length, constraints) live beside the engine; these are the transport's.
 """
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ MAX_BODY_BYTES = 4 * 1024**2  # a request body larger than this gets 413 before 
 @dataclass(frozen=True)
 class ServerLimits:
     max_body_bytes: int = MAX_BODY_BYTES  # larger bodies get 413, before they are read
-    # object keys in one body, and how deep it nests: pydantic reports every unknown key, 350,000 of them in
-    # 2.4 s; the largest legitimate bodies (a 65,536-character JSON Schema, 2,048 messages) stay well under
+    # object keys in one body, and how deep it nests: pydantic reports every unknown key, one at a time;
+    # the largest legitimate bodies (a 65,536-character JSON Schema, 2,048 messages) stay well under
     max_body_keys: int = 16_384
     max_body_depth: int = 128
     request_timeout: float = 30.0  # seconds for a request's head and body to arrive, once it has begun

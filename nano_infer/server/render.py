@@ -7,7 +7,7 @@ counts prompt and generated tokens. A stream is `data: {json}` lines and ends wi
 Usage also says how many prompt tokens came from the prefix cache (`prompt_tokens_details`).
 
 A whole reply is built and serialised on a worker thread (`whole_reply_bytes`), a choice at a time:
-built on the event loop, a reply of 1.6 million logprobs stopped every other stream for 14 s.
+built on the event loop, a reply of millions of logprobs would stop every other stream meanwhile.
 
 A completion with `echo` starts with its prompt: its text, and with `logprobs` its tokens' logprobs
 too (the engine's prompt logprobs: `null` for the first token, as OpenAI sends them). Outputs of

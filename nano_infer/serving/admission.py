@@ -1,7 +1,7 @@
 """Admission: requests waiting for the engine, per tenant, let in by turns and within a fair share.
 
-The engine's scheduler serves its waiting queue first come, first served, so 500 streams from
-one client that reach it first put another client's first token 23 s back. AsyncLLM therefore
+The engine's scheduler serves its waiting queue first come, first served, so a flood of streams
+from one client that reach it first would delay every other client's first token. AsyncLLM therefore
 holds requests here and adds them to the engine only as they may run: tenants take turns (round
 robin), a tenant's own requests go by vLLM's `priority` (lower first), then by arrival, and a
 tenant may have at most `max_num_seqs // (active tenants + 1)` sequences in the engine (always at
@@ -25,7 +25,7 @@ class Pending:
     arrival: int
     tenant: str = field(compare=False)
     seqs: int = field(compare=False)  # sequences it will run (its n)
-    message: tuple = field(compare=False)  # what AsyncLLM adds to the engine
+    message: object = field(compare=False)  # what AsyncLLM adds to the engine (an AddRequest)
     cancelled: bool = field(default=False, compare=False)  # aborted, or done with the engine
     admitted: bool = field(default=False, compare=False)
 

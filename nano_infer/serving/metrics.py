@@ -64,7 +64,7 @@ class EngineMetrics:
 
     @staticmethod
     def _tier(tier, offloader, gauge, counter):
-        """The host tier (stage 12): its blocks, hits, and what moved each way."""
+        """The host tier (chapter 12): its blocks, hits, and what moved each way."""
         stats = tier.stats
         yield gauge("kv_host_blocks_total", "Blocks of the host KV tier.", tier.num_blocks)
         yield gauge("kv_host_blocks_free", "Host tier blocks on its free list.", tier.num_free_blocks)

@@ -2,8 +2,7 @@
 
 `Stream` is a one-item mailbox rather than a queue: outputs are cumulative, so the newest one holds all
 that came before, and a consumer that stops reading costs one output of memory, not a queue of
-them (a queue of cumulative outputs grew with the square of the tokens: 1.94 GB for one stalled
-stream of 32 samples x 2,000 tokens with logprobs). Only the loop's own thread touches it
+them (which would grow with the square of the tokens). Only the loop's own thread touches it
 (AsyncLLM._push hands `offer` over with call_soon_threadsafe). `Deltas` turns the cumulative
 outputs into the deltas `AsyncLLM.generate` yields.
 """
