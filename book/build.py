@@ -5,7 +5,9 @@ stored in the notebooks, executing nothing):
 - index.md: the README with a table of contents;
 - every notebooks/NN_*.ipynb, each plotly output turned into a div drawn by the plotly.js that
   ships inside the plotly package (copied to _static, so no page needs the network), each live
-  widget replaced by a note (widgets need a kernel);
+  widget replaced by a note (widgets need a kernel) that points at the figure drawn just before
+  it: a widget with no such picture (a progress bar, a slider whose figure is not stored) stops
+  the build, since the page would show a note about nothing;
 - one page per reference solution solutions/NN_*.py.
 """
 from __future__ import annotations
@@ -24,7 +26,36 @@ import plotly.io as pio
 ROOT = Path(__file__).resolve().parent.parent
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
+IMAGES = ("image/png", "image/svg+xml", "image/jpeg")
 WIDGET_NOTE = "*Live sliders: open this notebook in JupyterLab to move them. The figure above is the same picture for fixed settings.*"
+
+
+def widgets_without_picture(nb) -> list[str]:
+    """Widget outputs with no figure right before them: in their cell, or as the last output of the cell
+    just above (no prose in between).
+
+    A live widget needs a kernel; the book shows the figure drawn just before it instead (the
+    same picture for fixed settings). A widget nothing stands in for is an error in the notebook.
+    """
+    problems, picture = [], False
+    for n, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            picture = False  # prose in between: the figure above is no longer the widget's
+            continue
+        before = picture  # the previous code cell with outputs ended on a figure
+        picture = False
+        for out in cell.outputs:
+            data = out.get("data", {})
+            if WIDGET in data:
+                if not (picture or before):
+                    text = "".join(data.get("text/plain", ""))[:60]
+                    problems.append(f"cell {n}: a widget with no figure before it ({text!r})")
+                continue
+            if PLOTLY in data or any(k in data for k in IMAGES):
+                picture = True
+            elif out.get("output_type") != "stream" or out.get("name") != "stderr":
+                picture, before = False, False  # a table or text in between: the figure is not the widget's
+    return problems
 
 
 def figure_html(figure: dict) -> str:
@@ -44,6 +75,10 @@ def stage_notebook(src: Path, dst: Path) -> dict[str, int]:
     """Copy a notebook with book-ready outputs; returns how many plotly figures it holds, and how many steppers."""
     nb = nbformat.read(src, as_version=4)
     nb.metadata.pop("widgets", None)
+    orphans = widgets_without_picture(nb)
+    if orphans:
+        raise ValueError(f"{src.name}: {'; '.join(orphans)}. Keep such output out of the notebook (e.g. no "
+                         "progress bars), or draw the widget's figure before it")
     figures = steppers = 0
     for cell in nb.cells:
         if cell.cell_type != "code":

@@ -19,6 +19,7 @@ SCHEDULERS = ("continuous", "static")
 POLICIES = ("fcfs", "lpm")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 OFFLOADING_BACKENDS = ("native",)
+QUANTIZATIONS = (None, "gguf", "none", "int8", "int4")
 
 
 @dataclass
@@ -26,6 +27,10 @@ class EngineConfig:
     model: str | None = None
     gguf_file: str | None = None  # a GGUF file in the `model` folder (or pass the .gguf path as `model`)
     dtype: str | torch.dtype | None = "auto"
+    # how weights are held (vLLM's knob): None = a GGUF file's tensors as stored where torch's int4 kernel is fast
+    # (bfloat16 on CPU), else dequantized; "gguf" = as stored always; "none" = dequantized to `dtype`;
+    # "int8" / "int4" = a safetensors checkpoint quantized at load (int8 per row, int4 in groups of 32)
+    quantization: str | None = None
     device: str | None = None
     kv_cache: str = "paged"
     block_size: int = 16
@@ -72,6 +77,10 @@ class EngineConfig:
         _one_of("attention", self.attention, ATTENTIONS)
         _one_of("scheduler", self.scheduler, SCHEDULERS)
         _one_of("scheduler_policy", self.scheduler_policy, POLICIES)
+        _one_of("quantization", self.quantization, QUANTIZATIONS)
+        if self.quantization not in (None, "none") and self.tensor_parallel_size > 1:
+            raise ValueError(f"quantization={self.quantization!r} with tensor_parallel_size > 1 is not supported: "
+                             f"quantized layers are not sharded; use quantization='none'")
         if self.block_size < 1:
             raise ValueError(f"block_size={self.block_size} must be >= 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
@@ -126,6 +135,12 @@ class EngineConfig:
         check_tp_sizes(hf_config, self.tensor_parallel_size)
         if self.tensor_parallel_size > 1 and gguf_file:
             raise ValueError("a GGUF checkpoint with tensor_parallel_size > 1 is not supported; use the safetensors one")
+        if self.quantization == "gguf" and not gguf_file:
+            raise ValueError("quantization='gguf' runs a GGUF file's tensors as stored, and the checkpoint is "
+                             "safetensors: use 'int8' or 'int4' to quantize it at load")
+        if self.quantization in ("int8", "int4") and gguf_file:
+            raise ValueError(f"quantization={self.quantization!r} quantizes a float checkpoint at load, and a GGUF file "
+                             f"is already quantized: use None (as stored) or 'none' (dequantized)")
         limit = hf_config.max_position_embeddings
         max_model_len = self.max_model_len or min(limit, 8192)
         if max_model_len > limit:

@@ -35,8 +35,9 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (both tiers)
     num_preemptions: int = 0
-    # the host tier (stage 12): of num_cached_tokens, those loaded back from it; KV blocks (and bytes) this
-    # request's sequences copied host -> device (prefix loads, swap-ins) and device -> host (swap-outs)
+    # the host tier (chapter 12), which keeps these figures and fills them in when an output is built: of
+    # num_cached_tokens, those loaded back from it; KV blocks (and bytes) this request's sequences copied
+    # host -> device (prefix loads, swap-ins) and device -> host (swap-outs)
     num_host_cached_tokens: int = 0
     kv_blocks_in: int = 0
     kv_blocks_out: int = 0

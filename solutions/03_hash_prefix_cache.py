@@ -1,5 +1,5 @@
 """Chapter 03, reference solutions: `check.block_hashes`, `check.lookup_prefix`."""
-from nano_infer.prefix.hash_cache import ROOT_HASH, chain_hash
+from nano_infer.prefix.hashing import ROOT_HASH, chain_hash
 
 
 def block_hashes(token_ids: list[int], block_size: int) -> list[int]:

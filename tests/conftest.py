@@ -22,7 +22,7 @@ def _loopback_only(self, address):
 socket.socket.connect = _loopback_only
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
-from model_factory import make_model_dir, make_tokenizer  # noqa: E402
+from tests.helpers.model_factory import make_model_dir, make_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

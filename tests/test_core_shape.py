@@ -78,6 +78,21 @@ def test_the_step_loop_every_chapter_prints_is_at_most_30_lines():
     assert step.end_lineno - step.lineno + 1 <= 30
 
 
+def test_num_computed_tokens_is_written_in_at_most_two_core_files():
+    """One owner for the field every stage reads: the KV manager sets the cached prefix at admission, the
+    scheduler advances it after a step, resets it on preemption and copies it on a fork; plug-ins call them."""
+    writers = set()
+    for p in CORE:
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                for t in ast.walk(target):  # a, b.num_computed_tokens = ... too
+                    if isinstance(t, ast.Attribute) and t.attr == "num_computed_tokens" and isinstance(t.ctx, ast.Store):
+                        writers.add(str(p.relative_to(PACKAGE)))
+    assert len(writers) <= 2, sorted(writers)
+
+
 def test_no_import_cycle_in_the_package():
     paths = list(PACKAGE.rglob("*.py"))
     modules = {module_name(p) for p in paths}
@@ -87,3 +102,19 @@ def test_no_import_cycle_in_the_package():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_top_level_is_the_public_api_and_every_part_is_a_folder():
+    """A newcomer sees LLM, SamplingParams, outputs and config first; the engine's parts are folders."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 8, top
+    assert {"engine", "models", "kv", "prefix", "serving", "server", "text", "cli"} <= {
+        p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+
+
+def test_tests_are_grouped_like_the_package():
+    """A module's tests are found from its path: tests/<part>/test_<module>.py, few files left at the top."""
+    tests = Path(__file__).parent
+    folders = [p for p in tests.iterdir() if p.is_dir() and (PACKAGE / p.name).is_dir()]
+    assert len(folders) >= 3 and len(list(tests.glob("test_*.py"))) <= 12
+    assert (tests / "engine" / "test_scheduler.py").exists() and (tests / "kv" / "test_block_manager.py").exists()

@@ -37,6 +37,7 @@ def run_python_blocks(path: Path) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow
 def test_readme_python_runs_and_the_gguf_model_answers_paris(monkeypatch):
     if not GGUF.exists():
         pytest.skip(f"{GGUF} is missing: `make models` fetches it (make test does)")
@@ -52,6 +53,7 @@ def test_notebooks_readme_python_runs():
     assert "top_k_top_p_filter: not yet right" in run_python_blocks(ROOT / "notebooks/README.md")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", shell_lines(ROOT / "README.md", "nano-infer"), ids=shlex.join)
 def test_readme_command_lines_work(argv):
     if "--model" in argv and not (ROOT / argv[argv.index("--model") + 1]).exists():

@@ -23,6 +23,8 @@ from ..engine.sequence import Sequence, SequenceStatus
 
 
 class BeamSearcher(EnginePlugin):
+    """The engine makes it on its first beam-search request: an engine that never searches asks nothing of it."""
+
     def __init__(self, requests: dict, scheduler, tokenizer, device):
         self.requests = requests  # the engine's table of live requests, shared
         self.scheduler = scheduler
@@ -43,7 +45,7 @@ class BeamSearcher(EnginePlugin):
         values, indices = top.values.cpu(), top.indices.cpu()
         ready = {}
         for i, (entry, _) in enumerate(claimed):
-            entry.seq.num_computed_tokens = entry.end
+            self.scheduler.advance(entry.seq, entry.end)
             states[i].offer(entry.seq, values[i], indices[i])
             if states[i].ready:
                 ready[entry.seq.request_id] = entry.seq

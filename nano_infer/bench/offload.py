@@ -139,7 +139,7 @@ class ChatRun:
 
 def tier_stats(llm) -> HostTierStats:
     """A copy of the engine's host tier counters (all zero without a tier)."""
-    tier = llm.engine.kv.tier if llm.engine.kv is not None else None
+    tier = llm.engine.offloader.tier if llm.engine.offloader is not None else None
     return HostTierStats(**vars(tier.stats)) if tier is not None else HostTierStats()
 
 
@@ -180,7 +180,7 @@ def run_chats(llms: dict, chats: Chats, max_tokens: int = 16) -> dict[str, ChatR
             replies[label] = out.outputs[0].text
         history[c] = messages + [{"role": "assistant", "content": replies[labels[0]]}]
     for label, llm in llms.items():
-        if llm.engine.kv.tier is not None:
+        if llm.engine.offloader is not None:
             runs[label].tier = stats_delta(tier_stats(llm), before[label])
     return runs
 

@@ -2,6 +2,11 @@
 
     python -m nano_infer.bench.spec               # shipped model + its draft, batch 1 and 32, 3 rounds
     python -m nano_infer.bench.spec --quick       # a smoke run
+    python -m nano_infer.bench.spec --quote       # SmolLM2 repeating passages: chapter 09's committed result
+
+The quote run takes minutes on a CPU (a real 135M model, float32, five rounds), too long for a chapter
+that should run in a few: chapter 09 prints the result committed in `results/spec_quote.json`,
+with the machine and its load at the time, and this command to measure it again.
 
 Three workloads, each at batch 1 (requests one after another, like a single user) and at
 batch 32 (all submitted at once):
@@ -27,6 +32,9 @@ from ..sampling_params import SamplingParams
 from .timing import verdict
 
 DRAFT_DIR = TINY_MODEL_DIR.parent / "tiny_draft"
+QUOTE_MODEL = Path(__file__).resolve().parents[2] / ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"  # make models
+QUOTE_RESULT = Path(__file__).resolve().parent / "results" / "spec_quote.json"
+QUOTE_RUN = dict(workloads=("quote",), batches=(1,), batch1_requests=4, max_tokens=96, rounds=5, dtype="float32")
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 # an answer that repeats its prompt accepts long runs: propose more at once, from 2-token matches
 # (SmolLM2-135M on a 2-core CPU, batch 1: k=4 1.60x, k=6 1.68x, k=8 1.77x in one run)
@@ -157,6 +165,33 @@ def format_row(r: dict) -> str:
             f"{max(x['speedup'] for x in r['rounds']):.2f}): speculation {speculation_verdict(r)}")
 
 
+def machine() -> dict:
+    """Where and when a result was measured: CPU, cores, torch threads and the load average around it."""
+    import os
+    import platform
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "load_average": [round(x, 2) for x in os.getloadavg()], "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def measure_quote(path: Path = QUOTE_RESULT, model: Path = QUOTE_MODEL) -> dict:
+    """Chapter 09's quote run (QUOTE_RUN on SmolLM2), written to `path` with the machine it ran on."""
+    if not model.exists():
+        raise FileNotFoundError(f"{model} is missing: `make models` fetches it")
+    before = machine()
+    result = run(model=str(model), **QUOTE_RUN)[0]
+    record = {"command": "python -m nano_infer.bench.spec --quote", "run": {**QUOTE_RUN, "model": model.name},
+              "machine": before, "load_average_after": machine()["load_average"], "result": result}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m nano_infer.bench.spec", description=__doc__.split("\n")[0])
     p.add_argument("--model", help="target checkpoint (default: the shipped model)")
@@ -165,8 +200,12 @@ def main(argv=None) -> None:
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--quick", action="store_true", help="4 requests, 16 tokens, 1 round")
+    p.add_argument("--quote", action="store_true", help=f"chapter 09's quote run, written to {QUOTE_RESULT.name}")
     p.add_argument("--out", default="bench_results")
     a = p.parse_args(argv)
+    if a.quote:
+        print(f"wrote {QUOTE_RESULT} (load average {measure_quote()['machine']['load_average']} before)")
+        return
     if a.quick:
         a.rounds, a.requests, a.max_tokens = 1, 4, 16
     results = run(requests=a.requests, batches=(1, a.requests), batch1_requests=min(4, a.requests),

@@ -10,7 +10,8 @@ import argparse
 import json
 from dataclasses import fields
 
-from ..config import ATTENTIONS, KV_CACHES, OFFLOADING_BACKENDS, PREEMPTION_MODES, PREFIX_CACHES, EngineConfig
+from ..config import (ATTENTIONS, KV_CACHES, OFFLOADING_BACKENDS, PREEMPTION_MODES, PREFIX_CACHES, QUANTIZATIONS,
+                      EngineConfig)
 
 _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 
@@ -21,6 +22,8 @@ _OPTIONS = {
                        "Qwen2.5-1.5B-Instruct on CUDA, else the model shipped in the package)"),
     "dtype": dict(help="auto | float32 | bfloat16 | float16"),
     "device": dict(help="cpu | cuda (default: cuda if available)"),
+    "quantization": dict(choices=[q for q in QUANTIZATIONS if q], help="how weights are held (default: a GGUF file "
+                         "dequantized; gguf: its tensors as stored, on CPU); int8/int4: quantize at load"),
     "kv_cache": dict(choices=KV_CACHES, help="where K/V lives"),
     "block_size": dict(type=int, help="tokens per KV block"),
     "prefix_cache": dict(help="prefix reuse (auto: radix when paged)"),

@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import signal
 import sys
 import threading
+from multiprocessing import forkserver
 
 from .engine_args import add_engine_args, engine_kwargs
 from ..constrained.limits import ConstraintLimits
@@ -66,14 +68,15 @@ def serve(args: argparse.Namespace) -> int:
     from ..serving.async_llm import AsyncLLM
     from ..server import run_server
 
-    try:
-        llm = AsyncLLM(args.model, constraint_limits=ConstraintLimits(timeout=args.constraint_timeout),
-                       **engine_kwargs(args))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    # json_object's regex takes seconds to compile: do it now, so that no request waits for it past its time limit
-    threading.Thread(target=_precompile_json_object, args=(llm,), name="nano_infer-warm", daemon=True).start()
+    with _children_ignore_ctrl_c():
+        try:
+            llm = AsyncLLM(args.model, constraint_limits=ConstraintLimits(timeout=args.constraint_timeout),
+                           **engine_kwargs(args))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        # json_object's regex takes seconds to compile: do it now, so that no request waits for it past its time limit
+        threading.Thread(target=_precompile_json_object, args=(llm,), name="nano_infer-warm", daemon=True).start()
     limits = ServerLimits(max_body_bytes=args.max_request_bytes, max_requests_per_tenant=args.max_requests_per_tenant,
                           max_connections=args.max_connections, max_connections_per_peer=args.max_connections_per_client,
                           request_timeout=args.request_timeout, send_timeout=args.send_timeout,
@@ -91,6 +94,27 @@ def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
     """--api-key (repeated), else $NANO_INFER_API_KEY split at commas: one tenant per key."""
     keys = args.api_key if args.api_key is not None else os.environ.get("NANO_INFER_API_KEY", "").split(",")
     return tuple(k.strip() for k in keys if k.strip())
+
+
+@contextlib.contextmanager
+def _children_ignore_ctrl_c():
+    """Start the tensor-parallel workers and the constraint compile pool's fork server with Ctrl-C ignored.
+
+    The terminal sends Ctrl-C to the whole process group. A child that gets it while it starts up
+    (importing torch) prints a KeyboardInterrupt traceback, and a compile worker it kills is replaced
+    while the shutdown unlinks the pool's semaphores (`SemLock._rebuild`: FileNotFoundError). An
+    ignored signal stays ignored across fork and exec, and the fork server hands its own setting
+    to every worker it forks, so both are started here, and only this process hears Ctrl-C: it
+    stops the rest in `llm.shutdown()`."""
+    from ..constrained import compile_pool
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.get_context("forkserver").set_forkserver_preload([compile_pool.__name__])
+        forkserver.ensure_running()
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

@@ -5,13 +5,15 @@
         for out in engine.step():
             ...
 
-Each knob of the curriculum is a constructor argument (`EngineConfig`), so every notebook turns
-one knob on the same engine. The step loop is the same whatever is on: schedule, let the
-plug-ins adjust the batch, run the model, process the outputs, commit to the caches. What
-each stage adds lives beside it: KV memory in `kv/` (one `KVManager` over the block manager and
-the prefix cache), scheduling in `scheduler.py`, packing and the forward pass in
-`model_runner.py`, sampling and stop checks in `output_processor.py`, speculative decoding in
-`spec/` (a plug-in), tensor parallelism in `distributed/` (an executor under the runner).
+Each knob of the curriculum is a constructor argument (`EngineConfig`), so every notebook turns one knob
+on the same engine. The step loop is the same whatever is on: schedule, let the plug-ins adjust the
+batch, run the model, process the outputs, commit to the caches. What each chapter adds lives beside it:
+KV memory in `kv/` (one `KVManager` over the block manager and the prefix cache), scheduling in
+`scheduler.py`, packing and the forward pass in `model_runner.py`, sampling and stop checks in
+`output_processor.py`, tensor parallelism in `distributed/` (an executor under the runner), and four
+plug-ins (plugin.py): the host tier's `KVOffloader` (kv/offload.py), the `SpeculativeDecoder` (spec/),
+the `BeamSearcher` (beam/, made on the first beam-search request) and the `StepRecorder` of the memory
+plots (memory.py).
 """
 from __future__ import annotations
 
@@ -27,11 +29,12 @@ from ..config import EngineConfig
 from ..beam import BeamSearcher, BeamSearchParams, BeamState
 from .cpu_allocator import keep_freed_memory
 from ..distributed import driver_shard, start_workers
-from ..kv.offload import KVOffloader
+from ..kv.offload import BlockSwap, KVOffloader
 from ..kv.paged import kv_bytes_per_token
 from ..kv.sizing import make_kv_cache
 from .memory import StepRecorder
 from .model_runner import ModelRunner
+from .plugin import EnginePlugin, StepContext
 from ..models.loader import default_model, load_config, load_model, pick_dtype, resolve_model
 from .output_processor import OutputProcessor
 from ..outputs import RequestMetrics, RequestOutput
@@ -57,7 +60,7 @@ class LLMEngine:
         self.max_model_len = cfg.check_model(self.hf_config, self.gguf_file)  # shapes checked: weights not read yet
         self.tp, launch, self.device = driver_shard(cfg.tensor_parallel_size, self.device)
         self.model = load_model(self.model_dir, self.hf_config, self.device, self.dtype, self.max_model_len, self.tp,
-                                self.gguf_file)
+                                self.gguf_file, cfg.quantization)
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_token_ids()
         self.vocab_size = self.hf_config.vocab_size
@@ -66,7 +69,7 @@ class LLMEngine:
         draft = self._load_draft()
         self.kv, self.kv_pool = make_kv_cache(cfg, self.hf_config, self.model, self.dtype, self.device,
                                               self.kv_bytes_per_token, self.max_model_len)
-        self.prefix_cache = self.kv.prefix_cache if self.kv else None
+        self.prefix_cache = self.kv.prefix_cache if cfg.prefix_cache else None  # not the KVManager's stand-in
         self.spec = None if cfg.speculative_config is None else SpeculativeDecoder(
             cfg.speculative_config, self.kv, self.max_model_len, draft)
         self.scheduler = Scheduler(
@@ -74,24 +77,24 @@ class LLMEngine:
             policy=cfg.scheduler_policy, mode=cfg.scheduler, chunked_prefill=cfg.enable_chunked_prefill,
             lookahead=self.spec.lookahead if self.spec else None)
         block_size = self.kv.block_size if self.kv else 1
-        tier = self.kv.tier if self.kv else None
+        tier = self.kv.tier if cfg.kv_offloading_size else None  # not the KVManager's stand-in
         self.executor = None if self.tp is None else start_workers(
             cfg, self.tp, launch, self.model_name if launch else str(self.model_dir), self.dtype, self.device,
             self.max_model_len, self.kv.num_blocks if self.kv else None, block_size, tier.num_blocks if tier else 0)
         self.runner = ModelRunner(self.model, self.kv_pool, cfg.attention, block_size, self.device, self.executor)
         self.offloader = None
-        if tier is not None:  # stage 12: a host pool beside each KV pool, and the plug-in that copies between them
+        if tier is not None:  # chapter 12: a host pool beside each KV pool, and the plug-in that copies between them
             self.runner.attach_host_tier(tier.num_blocks)
             self.offloader = KVOffloader(tier, self.kv.cost)
         if draft is not None:
             draft.attach(self.runner, self.kv.num_blocks, self.kv.block_size, cfg.attention, self.device, self.dtype)
-        self.recorder = StepRecorder() if cfg.record_steps else None
+        self.recorder = StepRecorder(self.kv, self.scheduler, self.kv_bytes_per_token) if cfg.record_steps else None
         self.requests: dict[str, Request] = {}
-        self.beam_searcher = BeamSearcher(self.requests, self.scheduler, self.tokenizer, self.device)
-        # in the order their hooks run
-        self.plugins = [p for p in (self.offloader, self.beam_searcher, self.spec, self.recorder) if p is not None]
+        self.beam_searcher = None  # made on the first beam-search request
+        self.plugins, self.claimers = [], []  # by phase (`_plug_in`); those that claim logit rows
+        self._plug_in(self.offloader, self.spec, self.recorder)
         self.output_processor = OutputProcessor(self.requests, self.scheduler, self.tokenizer, self.eos_token_ids,
-                                                self.max_model_len, self.device, self.kv_bytes_per_token * block_size)
+                                                self.max_model_len, self.device)
         self.num_steps = 0
         self.startup_line = self._describe(dtype_reason)
         logger.info(self.startup_line)
@@ -108,6 +111,11 @@ class LLMEngine:
             draft.config.num_hidden_layers, draft.model.num_kv_heads, draft.model.head_dim, self.dtype)
         return draft
 
+    def _plug_in(self, *plugins: EnginePlugin | None) -> None:
+        """Add plug-ins (None: a feature that is off), kept in the order of their phase, whatever order they came in."""
+        self.plugins = sorted([*self.plugins, *filter(None, plugins)], key=lambda p: p.phase)
+        self.claimers = [p for p in self.plugins if type(p).claims is not EnginePlugin.claims]
+
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (also done at garbage collection and interpreter exit)."""
         if self.executor is not None:
@@ -117,12 +125,13 @@ class LLMEngine:
         """One line on what was chosen and why: the dtype, and how many tokens of KV fit."""
         name = self.gguf_file or (self.model_dir.name if Path(self.model_name).exists() else self.model_name)
         line = f"{name}: {str(self.dtype).removeprefix('torch.')} ({dtype_reason}) on {self.device}"
+        line += f", {self.model.weights_held}" if self.model.weights_held else ""
         if self.kv is None:
             return line + ", no KV cache"
         tokens = self.kv.num_blocks * self.kv.block_size
         line = (f"{line}, {self.config.kv_cache} KV cache of {self.kv_pool.nbytes / 2**20:,.1f} MiB "
                 f"= {tokens:,} tokens ({self.kv_bytes_per_token:,} bytes per token)")
-        if self.kv.tier is None:
+        if self.offloader is None:
             return line
         host = self.runner.host_pools[0]
         return (f"{line}; host tier of {host.nbytes / 2**20:,.1f} MiB = {self.kv.tier.num_blocks * self.kv.block_size:,} "
@@ -134,14 +143,10 @@ class LLMEngine:
         return AutoTokenizer.from_pretrained(self.model_dir, gguf_file=self.gguf_file)
 
     def _eos_token_ids(self) -> set[int]:
-        ids = set()
-        gen_path = self.model_dir / "generation_config.json"
-        if gen_path.exists():
-            eos = json.loads(gen_path.read_text()).get("eos_token_id")
-            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return ids
+        """generation_config.json's end-of-sequence ids (one or a list) and the tokenizer's."""
+        path = self.model_dir / "generation_config.json"
+        eos = json.loads(path.read_text()).get("eos_token_id") if path.exists() else None
+        return (set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}) - {None}
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None,
@@ -150,7 +155,7 @@ class LLMEngine:
                     arrival_time: float | None = None, constraint_index=None) -> None:
         """Validate and queue a request. Raises ValueError (and changes nothing) on bad input.
 
-        `params` may be BeamSearchParams: the request's sequences are then its beams (stage 11).
+        `params` may be BeamSearchParams: the request's sequences are then its beams (chapter 11).
         `constraint_index` is the constraint's compiled token index when the caller built it
         already (AsyncLLM does so off the engine thread); otherwise it is compiled here.
         """
@@ -169,6 +174,9 @@ class LLMEngine:
         if beam is not None:
             max_new = params.max_tokens or self.max_model_len - len(prompt_token_ids)
             req.beam = BeamState.start(beam, req.seqs[0], self.eos_token_ids, max_new)
+            if self.beam_searcher is None:
+                self.beam_searcher = BeamSearcher(self.requests, self.scheduler, self.tokenizer, self.device)
+                self._plug_in(self.beam_searcher)
         self.requests[request_id] = req
         for seq in req.seqs:
             self.scheduler.add(seq)
@@ -267,14 +275,15 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch.scheduled:
             return []
-        for plugin in self.plugins:
-            plugin.adjust(batch, self.runner)  # speculation proposes
-        logits = self.runner.run(batch.scheduled, batch.copies)
-        self.output_processor.process(batch, logits, self.plugins)  # sample, verify, append, stop
+        step = StepContext(batch, self.runner, BlockSwap([], batch.copies, []), start)
+        for plugin in self.plugins:  # by phase: the host tier's copies, then speculation's proposals
+            plugin.adjust(step)
+        logits = self.runner.run(batch.scheduled, step.moves)  # the block copies no plug-in ran, then the pass
+        self.output_processor.process(batch, logits, self.claimers)  # sample, verify, append, stop
         self.scheduler.update_from_output(batch)  # full computed blocks into the prefix cache
         self.num_steps += 1
         for plugin in self.plugins:
-            plugin.after_step(self, batch, start)
+            plugin.after_step(step)
         return self.output_processor.step_outputs(start)
 
     # -- introspection -----------------------------------------------------------------------

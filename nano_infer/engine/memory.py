@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .plugin import EnginePlugin
+from .plugin import EnginePlugin, Phase, StepContext
 
 
 @dataclass
@@ -59,23 +59,26 @@ def kv_usage(kv, running, bytes_per_token: int) -> tuple[int, int]:
 class StepRecorder(EnginePlugin):
     """Opt-in (`LLM(record_steps=True)`): one StepRecord per engine step, for the plots."""
 
-    def __init__(self):
+    phase = Phase.OBSERVE  # after speculation: what each entry computes includes its proposals
+
+    def __init__(self, kv, scheduler, bytes_per_token: int):
+        self.kv = kv  # the KVManager (or None): blocks, reference counts, the prefix cache
+        self.scheduler = scheduler  # the running and waiting queues
+        self.bytes_per_token = bytes_per_token
         self.records: list[StepRecord] = []
         self._scheduled: list[tuple[str, int, int, str]] = []
 
-    def adjust(self, batch, runner) -> None:
+    def adjust(self, step: StepContext) -> None:
         """Note what each entry computes before the step runs (after the proposals are in): a
         decode computes the K/V of a generated token (and of the tokens proposed after it)."""
-        self._scheduled = [(e.seq.request_id, e.seq.index, e.num_tokens, e.kind) for e in batch.scheduled]
+        self._scheduled = [(e.seq.request_id, e.seq.index, e.num_tokens, e.kind) for e in step.batch.scheduled]
 
-    def after_step(self, engine, out, start: float) -> None:
-        scheduled = self._scheduled
-        kv, sched = engine.kv, engine.scheduler
-        reserved, used = kv_usage(kv, sched.running, engine.kv_bytes_per_token)
-        cuda = torch.cuda.is_available() and engine.device.type == "cuda"
+    def after_step(self, step: StepContext) -> None:
+        kv, sched, cuda = self.kv, self.scheduler, step.runner.device.type == "cuda"
+        reserved, used = kv_usage(kv, sched.running, self.bytes_per_token)
         self.records.append(StepRecord(
-            step=len(self.records), start=start, end=time.perf_counter(), scheduled=scheduled,
-            num_running=len(sched.running), num_waiting=len(sched.waiting), num_preempted=len(out.preempted),
+            step=len(self.records), start=step.start, end=time.perf_counter(), scheduled=self._scheduled,
+            num_running=len(sched.running), num_waiting=len(sched.waiting), num_preempted=len(step.batch.preempted),
             kv_reserved_bytes=reserved, kv_used_bytes=used,
             num_free_blocks=kv.num_free_blocks if kv else 0,
             num_cached_blocks=kv.prefix_cache.num_cached_blocks() if kv and kv.prefix_cache else 0,

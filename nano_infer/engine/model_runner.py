@@ -21,7 +21,7 @@ they are for.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -48,7 +48,7 @@ class StepInput:
     # (first row, block tables padded, context lens, query tokens per sequence: 1, or 1 + proposals for a verify)
     decodes: list[tuple[int, list[list[int]], list[int], int]]
     sample_rows: list[int]  # rows whose logits are returned, in scheduled order (ScheduledSeq.num_logit_rows each)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks, before the step
+    moves: BlockSwap | None = None  # the step's block copies no plug-in ran earlier, before the forward pass
 
 
 class ModelRunner:
@@ -62,7 +62,7 @@ class ModelRunner:
         self.decode_batch = CPU_DECODE_BATCH if device.type == "cpu" else 1 << 16
         self.num_forward_tokens = 0  # tokens pushed through the model so far (prefill work done)
         self.mirrors: list[tuple] = []  # (model, kv_pool, backend) run on every step at the same slots
-        self.host_pools: list[HostKVPool] = []  # the host tier of each KV pool (stage 12)
+        self.host_pools: list[HostKVPool] = []  # the host tier of each KV pool (chapter 12)
 
     def mirror(self, model, kv_pool, attention: str):
         """Run `model` on every packed step too, writing its K/V into `kv_pool` at the slots the
@@ -79,8 +79,8 @@ class ModelRunner:
         self.host_pools = [HostKVPool(pool, num_blocks) for pool in (self.kv_pool, *(m[1] for m in self.mirrors))]
 
     def swap(self, swap: BlockSwap) -> None:
-        """Copy blocks between the tiers (and the step's copy-on-write), on every tensor-parallel rank
-        (each holds its own host tier)."""
+        """The step's block copies ahead of its forward pass, for a plug-in that reads the pools first, on
+        every tensor-parallel rank (each holds its own host tier)."""
         if self.executor is not None:
             self.executor.run(swap, self.apply_swap)
         else:
@@ -88,7 +88,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def apply_swap(self, swap: BlockSwap) -> None:
-        """Out to the host tier, copy-on-write, back in: the order `BlockSwap` explains."""
+        """Out to the host tier, copy-on-write, back in: the order `BlockSwap` explains. The one place
+        any block is copied, whether a plug-in moves the step's blocks early or the forward pass does."""
         for host in self.host_pools:
             host.copy_out(swap.out)
         self.copy_blocks(swap.copies)
@@ -101,7 +102,7 @@ class ModelRunner:
         ids, pos, meta = self.build(step)
         return ids, pos, meta, step.sample_rows
 
-    def pack(self, scheduled: list[ScheduledSeq], copies: list[tuple[int, int]] | None = None) -> StepInput:
+    def pack(self, scheduled: list[ScheduledSeq], moves: BlockSwap | None = None) -> StepInput:
         """Decodes (and verify rows) come first, grouped by query length and sorted by context length,
         so every decode batch is one contiguous run of rows; prefill chunks follow. Logit rows are
         listed in `scheduled` order: each entry's last `num_logit_rows` (the row that samples, every
@@ -124,7 +125,7 @@ class ModelRunner:
                 rows[i] = range(q_start + e.num_tokens - num_rows, q_start + e.num_tokens)
         sample_rows = [r for i in range(len(scheduled)) for r in rows.get(i, ())]
         return StepInput(input_ids, positions, slots if cached else None, prefills,
-                         self._decode_batches([scheduled[i] for i in decodes]), sample_rows, copies or [])
+                         self._decode_batches([scheduled[i] for i in decodes]), sample_rows, moves)
 
     def _decode_batches(self, scheduled: list[ScheduledSeq]) -> list:
         """`scheduled` (grouped by query length, sorted by context length) cut into batches of at most
@@ -170,20 +171,21 @@ class ModelRunner:
                 pool.copy_blocks(copies)
 
     @torch.inference_mode()
-    def run(self, scheduled: list[ScheduledSeq], copies: list[tuple[int, int]] = ()) -> torch.Tensor:
-        """Logits [rows, vocab] in float32 for the rows `pack` names, in scheduled order. With tensor
-        parallelism the executor first sends the step to every worker, which runs `execute` on it in
-        lockstep."""
-        step = self.pack(scheduled, list(copies))
+    def run(self, scheduled: list[ScheduledSeq], moves: BlockSwap | None = None) -> torch.Tensor:
+        """Logits [rows, vocab] in float32 for the rows `pack` names, in scheduled order, after the block
+        copies `moves`. With tensor parallelism the executor first sends the step to every worker, which
+        runs `execute` on it in lockstep."""
+        step = self.pack(scheduled, moves)
         if self.executor is not None:
             return self.executor.run(step, self.execute)
         return self.execute(step)
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor | None:
-        """Copy-on-write, forward, logits of the listed rows (None on a tensor-parallel worker). The
+        """Block copies, forward, logits of the listed rows (None on a tensor-parallel worker). The
         mirrors run the same packed step, so their KV pools hold K/V wherever the target's does."""
-        self.copy_blocks(step.copies)
+        if step.moves is not None:
+            self.apply_swap(step.moves)
         ids, pos, meta = self.build(step)
         self.backend.meta = meta
         hidden = self.model(ids, pos, self.backend)

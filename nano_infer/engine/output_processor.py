@@ -25,10 +25,10 @@ from .sequence import Sequence
 
 class OutputProcessor:
     def __init__(self, requests: dict[str, Request], scheduler, tokenizer, eos_token_ids: set[int],
-                 max_model_len: int, device, block_bytes: int = 0):
+                 max_model_len: int, device):
         self.requests = requests  # the engine's table of live requests, shared
-        self.block_bytes = block_bytes  # one KV block, every layer: what the host tier's metrics count in
         self.scheduler = scheduler
+        self.tier = scheduler.kv.tier  # the host tier (chapter 12; a stand-in without one) reports what requests moved
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
@@ -53,7 +53,7 @@ class OutputProcessor:
                 if sample_rows:
                     samplers.append(entry.seq)
                     rows.append(sample_row)
-                entry.seq.num_computed_tokens = entry.end
+                self.scheduler.advance(entry.seq, entry.end)
             row = sample_row + sample_rows
         if scored:
             score_prompts(logits, scored)
@@ -124,7 +124,6 @@ class OutputProcessor:
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
                 req.metrics.num_cached_tokens = seq.num_cached_tokens
-                req.metrics.num_host_cached_tokens = seq.num_host_cached_tokens
             req.metrics.token_times.append(now)
         if seq.constraint is not None:
             seq.constraint.advance(token)
@@ -184,9 +183,7 @@ class OutputProcessor:
                 for s in sorted(req.seqs, key=lambda s: s.index)]
         m = req.metrics
         m.num_preemptions = sum(s.num_preemptions for s in req.seqs)
-        m.kv_blocks_in = sum(s.num_blocks_loaded for s in req.seqs)
-        m.kv_blocks_out = sum(s.num_blocks_swapped_out for s in req.seqs)
-        m.kv_bytes_in, m.kv_bytes_out = m.kv_blocks_in * self.block_bytes, m.kv_blocks_out * self.block_bytes
+        self.tier.report(req.request_id, m, done=req.finished)
         scores = req.seqs[0].prompt_logprobs  # the first sample scores the prompt
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished, req.metrics, req.error,
                              None if scores is None else list(scores))

@@ -1,19 +1,66 @@
-"""EnginePlugin: a part beside the step loop, entered through one of four narrow seams.
+"""EnginePlugin: a part beside the step loop, entered through narrow seams.
 
 `LLMEngine.step` stays the same short loop whatever is switched on; a feature that needs more
-than scheduling, one forward pass and sampling is a plug-in here. Speculative decoding
-proposes before the pass (`adjust`) and verifies its own rows after it (`claims`, `process`);
-the step recorder of the memory plots looks at each finished step (`after_step`).
+than scheduling, one forward pass and sampling is a plug-in. There are four:
+
+- `KVOffloader` (kv/offload.py, chapter 12) runs the host tier's block copies with the step's and
+  times them and the prefills, for the swap-or-recompute cost model;
+- `SpeculativeDecoder` (spec/, chapter 09) proposes before the pass (`adjust`) and verifies its
+  own rows after it (`claims`, `process`);
+- `BeamSearcher` (beam/, chapter 11) claims its beams' rows, forks and frees beams; the engine
+  makes it on the first beam-search request;
+- `StepRecorder` (engine/memory.py, the memory plots) records each finished step (`after_step`).
+
+A plug-in sees a `StepContext`, never the engine. The engine runs the plug-ins in the order of
+their `phase`, because two of them touch the same KV blocks before the pass: the tier's copies
+must be in place before a draft model reads the blocks they fill.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class Phase(IntEnum):
+    """When a plug-in's hooks run among the others'; the engine sorts its plug-ins by it."""
+
+    MOVE_BLOCKS = 0  # adds block copies to the step's (the host tier's offloads and loads)
+    PROPOSE = 1  # changes what entries compute, may read the KV pools first (speculation's draft)
+    OBSERVE = 2  # sees the batch as the forward pass will run it
+
+
+@dataclass
+class StepContext:
+    """One engine step as the plug-ins see it: what they may read and change, not the engine."""
+
+    batch: object  # the SchedulerOutput: a plug-in may change what each scheduled entry computes
+    runner: object  # the ModelRunner: runs other models on the same block tables (a draft)
+    moves: object | None  # the step's block copies (a BlockSwap) until they run, then None
+    start: float  # when the step began (time.perf_counter)
+
+    def move_blocks(self, out: list | tuple = (), into: list | tuple = ()) -> None:
+        """Run the step's block copies now, with the host tier's `out` (device -> host) and `into`
+        (host -> device), in BlockSwap's order; whatever no plug-in moved runs with the forward
+        pass. Once a step: copies added after it are a plug-in in the wrong phase."""
+        if self.moves is None:
+            if out or into:
+                raise RuntimeError("block copies added after the step's blocks were moved: a plug-in "
+                                   "that adds copies must run in Phase.MOVE_BLOCKS, before any that reads them")
+            return
+        moves, self.moves = self.moves, None
+        moves.out += out
+        moves.into += into
+        if moves.out or moves.copies or moves.into:
+            self.runner.swap(moves)
+
 
 class EnginePlugin:
-    """Every hook is optional; the engine calls the plug-ins in the order it was given them."""
+    """Every hook is optional. The engine asks `claims` only of plug-ins that define it."""
 
-    def adjust(self, batch, runner) -> None:
-        """Before the forward pass: change what the scheduled entries compute (`batch` is the
-        SchedulerOutput; `runner` can run other models on the same block tables)."""
+    phase = Phase.OBSERVE
+
+    def adjust(self, step: StepContext) -> None:
+        """Before the forward pass: change what the scheduled entries compute."""
 
     def claims(self, entry) -> bool:
         """Does this plug-in turn `entry`'s logit rows into tokens, instead of the sampler?"""
@@ -23,5 +70,5 @@ class EnginePlugin:
         """`claimed` is [(entry, first logit row)]: append their tokens through `outputs`
         (an OutputProcessor; `outputs.isolated` ends a request that raises alone)."""
 
-    def after_step(self, engine, batch, start: float) -> None:
+    def after_step(self, step: StepContext) -> None:
         """After outputs are processed and the caches committed."""

@@ -28,6 +28,11 @@ once and read by the plug-ins, the model runner and the output processor after i
 `policy="lpm"` orders the queue by longest prefix-cache match first (SGLang's default; up to
 LPM_MAX_QUEUE waiting requests); `"fcfs"` keeps arrival order. `mode="static"` is the
 baseline: admit a batch only when the previous one has completely finished.
+
+`num_computed_tokens` moves in two places only: the KVManager sets it at admission (the cached
+prefix), and this scheduler advances it after a step (`advance`, called by whoever turns the
+step's rows into tokens), resets it on preemption and copies it on a fork. Without a KV cache
+(kv_cache="none") the scheduler drives `NoKVCache`, which keeps nothing between steps.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .sequence import Sequence, SequenceStatus
+from ..kv.manager import NoKVCache
 from ..utils import cdiv
 
 # LPM matches every waiting request against the prefix cache at every step. Past this many waiting
@@ -121,15 +127,16 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv, *, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, kv=None, *, max_num_seqs: int, max_num_batched_tokens: int,
                  policy: str = "fcfs", mode: str = "continuous", chunked_prefill: bool = True, lookahead=None):
-        self.kv = kv  # KVManager, or None (no cache: recompute everything)
+        self.kv = kv if kv is not None else NoKVCache()  # the KVManager; none: every step recomputes
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
         self.mode = mode
+        # with no KV cache a chunk's K/V would be gone before the next chunk: a prompt runs whole
         self.chunked_prefill = chunked_prefill and kv is not None
-        self.lookahead = lookahead  # seq -> proposal slots to reserve (speculative decoding), or None
+        self.lookahead = lookahead or (lambda seq: 0)  # seq -> proposal slots to reserve (speculative decoding)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -144,44 +151,33 @@ class Scheduler:
             self._schedule_waiting(out, budget)
         while not out.scheduled and self.waiting and self._preempt_idle(out):
             self._schedule_waiting(out, budget)  # nothing could run: idle sequences made room
-        if self.kv is not None:
-            out.copies = self.kv.take_copies()
+        out.copies = self.kv.take_copies()
         return out
 
     def _tokens_for(self, seq: Sequence, budget: int) -> int:
-        if self.kv is None:  # nothing is cached: every step recomputes the whole sequence
-            seq.num_computed_tokens = 0
         n = seq.num_uncomputed_tokens
         return min(n, budget) if self.chunked_prefill else n
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        # an idle sequence computes nothing: a beam whose next token waits for its siblings' rows (beam search)
+        for seq in [s for s in self.running if s.num_uncomputed_tokens]:
+            if budget <= 0 or seq.status is not SequenceStatus.RUNNING:
+                break  # out of budget, or preempted to make room for one before it
             n = self._tokens_for(seq, budget)
-            if n == 0:  # idle: a beam that waits for its siblings (beam search) computes nothing
-                i += 1
-                continue
             if n > budget and out.scheduled:
                 break
-            lookahead = 0
-            if self.lookahead is not None and n == 1:
-                lookahead = min(self.lookahead(seq), budget - 1)
-                if not self.kv.can_allocate(seq, 1 + lookahead):
-                    lookahead = 0
-            if self.kv is not None:
-                while not self.kv.can_allocate(seq, n + lookahead):
-                    victim = self.running.pop()  # the most recently admitted
-                    self._preempt(victim)
-                    out.preempted.append(victim)
-                    if victim is seq:
-                        break
-                if seq.status is not SequenceStatus.RUNNING:
-                    break
-                self.kv.allocate(seq, n + lookahead)
+            lookahead = min(self.lookahead(seq), budget - 1) if n == 1 else 0
+            if lookahead and not self.kv.can_allocate(seq, 1 + lookahead):
+                lookahead = 0  # no room for the proposals: a plain decode
+            while not self.kv.can_allocate(seq, n + lookahead):
+                victim = self.running.pop()  # the most recently admitted
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    return budget
+            self.kv.allocate(seq, n + lookahead)
             out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n, lookahead))
             budget -= n + lookahead
-            i += 1
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
@@ -194,15 +190,13 @@ class Scheduler:
             seq = self.waiting[0]
             if seats + 1 + seq.num_pending_forks > self.max_num_seqs:
                 break
-            if self.kv is not None:
-                self.kv.acquire(seq)
+            self.kv.acquire(seq)  # its cached prefix: num_computed_tokens starts past it
             n = self._tokens_for(seq, budget)
-            if (n > budget and out.scheduled) or (self.kv is not None and not self.kv.can_allocate(seq, n)):
+            if (n > budget and out.scheduled) or not self.kv.can_allocate(seq, n):
                 self._undo_admission(seq)
                 break
-            if self.kv is not None:
-                self.kv.allocate(seq, n)
-                self.kv.record_admission(seq)
+            self.kv.allocate(seq, n)
+            self.kv.record_admission(seq)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -226,16 +220,17 @@ class Scheduler:
         return True
 
     def _undo_admission(self, seq: Sequence) -> None:
-        if self.kv is not None:
-            self.kv.free(seq)
-        if not seq.swapped_blocks:  # a swapped-out sequence keeps what it computed
-            seq.num_computed_tokens = 0
+        """Give back what `acquire` took; the next try finds the same cached prefix again."""
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
 
     def _preempt(self, seq: Sequence) -> None:
         """Drop the KV and recompute it later, or (with a host tier) swap it out and copy it back in;
-        keep the tokens, requeue at the front."""
-        if self.kv is None or not self.kv.swap_out(seq):
-            self._undo_admission(seq)
+        keep the tokens, requeue at the front. Re-admitted, it starts past what the caches hold
+        (the swapped-out K/V included)."""
+        if not self.kv.swap_out(seq):
+            self.kv.free(seq)
+        seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
@@ -244,8 +239,7 @@ class Scheduler:
         """The child (n > 1, a beam) starts where the parent is, on its blocks, and queues beside it."""
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
-        if self.kv is not None:
-            self.kv.fork(parent, child)
+        self.kv.fork(parent, child)
         child.status = parent.status
         if parent.status is SequenceStatus.RUNNING:
             self.running.append(child)
@@ -253,12 +247,16 @@ class Scheduler:
             self.waiting.insert(self.waiting.index(parent) + 1, child)
 
     # -- after a step, and leaving -----------------------------------------------------------------
+    def advance(self, seq: Sequence, num_computed_tokens: int) -> None:
+        """The step computed the K/V of `seq` up to `num_computed_tokens` (a verify: up to its accepted
+        tokens); its next step starts there. Called as the step's rows become tokens, before they are appended."""
+        seq.num_computed_tokens = num_computed_tokens
+
     def update_from_output(self, out: SchedulerOutput) -> None:
         """The step is over: the full blocks it computed go into the prefix cache."""
-        if self.kv is not None:
-            for entry in out.scheduled:
-                if not entry.seq.is_finished:
-                    self.kv.cache_computed(entry.seq)
+        for entry in out.scheduled:
+            if not entry.seq.is_finished:
+                self.kv.cache_computed(entry.seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Free a sequence's KV; its full blocks stay in the prefix cache for later requests."""
@@ -266,8 +264,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        if self.kv is not None:
-            self.kv.finish(seq)
+        self.kv.finish(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -24,7 +24,7 @@ class Sequence:
     index: int = 0  # which of the request's n samples this is
     seq_id: int = field(default_factory=lambda: next(_seq_counter))
     token_ids: list[int] = field(default_factory=list)  # prompt + generated so far
-    num_computed_tokens: int = 0  # tokens whose K/V is in the cache
+    num_computed_tokens: int = 0  # tokens whose K/V is in the cache: set at admission, advanced by the scheduler
     num_cached_tokens: int = 0  # of the prompt, served by the prefix cache at admission
     block_table: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -37,21 +37,17 @@ class Sequence:
     # per prompt token {token id: Logprob} (None for the first), filled as the prefill computes the prompt, when
     # params.prompt_logprobs is set; only the first sample of a request scores the prompt
     prompt_logprobs: list | None = None
+    # chained hashes of its full blocks of tokens (prefix/hashing.py), computed once per block: the keys the
+    # hash prefix cache and the host tier index blocks by
+    block_hashes: list[int] = field(default_factory=list)
     # the prefix cache's own record of this sequence, opaque to everyone else: the radix tree's
-    # locked node, or the hash cache's chained hashes of its full blocks
+    # locked node, or how many of its full blocks it has offered the hash cache
     prefix_handle: object = None
     num_preemptions: int = 0
     # n > 1 on a paged cache: samples that fork off this sequence once its prompt is computed
     # (they share its blocks); the scheduler keeps a seat for each from admission on
     num_pending_forks: int = 0
     cumulative_logprob: float | None = None  # a finished beam-search hypothesis: the sum of its tokens' logprobs
-    # the host tier (stage 12): chained hashes of its full blocks (the tier's keys), the host blocks
-    # holding its K/V while it is swapped out, and what it moved between the tiers
-    block_hashes: list[int] = field(default_factory=list)
-    swapped_blocks: list[int] = field(default_factory=list)
-    num_host_cached_tokens: int = 0  # of num_cached_tokens, loaded back from the host tier
-    num_blocks_loaded: int = 0  # host -> device: prefix hits and swap-ins
-    num_blocks_swapped_out: int = 0  # device -> host: its preemptions by swapping
 
     def __post_init__(self):
         if not self.token_ids:

@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from ..kv.block_manager import BlockManager
 from ..prefix.hash_cache import HashPrefixCache
+from ..prefix.hashing import block_keys
 from ..sampling_params import SamplingParams
 from ..engine.sequence import Sequence
 from .core import call, exercise, expect, forall
@@ -21,7 +22,7 @@ def _hashes_by_engine(token_ids: list[int], block_size: int) -> list[int]:
     seq.num_computed_tokens = len(token_ids)
     manager.allocate(seq, 0)
     cache.cache_computed(seq)
-    return list(seq.prefix_handle or [])
+    return list(seq.block_hashes)
 
 
 @exercise
@@ -40,14 +41,11 @@ def block_hashes(candidate):
 
 
 def _lookup_reference(hash_to_block: dict, token_ids: list[int], block_size: int) -> list[int]:
-    from ..prefix.hash_cache import ROOT_HASH, chain_hash
-
-    blocks, parent = [], ROOT_HASH
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = chain_hash(parent, tuple(token_ids[start:start + block_size]))
-        if parent not in hash_to_block:
+    blocks = []
+    for key in block_keys(token_ids, block_size):
+        if key.hash not in hash_to_block:
             break
-        blocks.append(hash_to_block[parent])
+        blocks.append(hash_to_block[key.hash])
     return blocks
 
 

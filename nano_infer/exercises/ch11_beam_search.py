@@ -140,14 +140,14 @@ def fork_and_free(candidate):
         chosen = [beams[i].seq_id for i in extends]
         after = copy.deepcopy((manager, beams))
         m, bs = after
-        free_before = set(m.free_blocks)
+        free_before = set(m.pool.free_blocks)
         _apply(m, bs, [bs[i] for i in extends])
         seen, forks = set(), []
         for sid in chosen:
             if sid in seen:
                 forks.append(sid)
             seen.add(sid)
-        want = (forks, sorted(set(tables) - seen), sorted(set(m.free_blocks) - free_before))
+        want = (forks, sorted(set(tables) - seen), sorted(set(m.pool.free_blocks) - free_before))
         desc = f"block_tables={tables}, extends={chosen}"
         got = call(candidate, {s: list(t) for s, t in tables.items()}, list(chosen), case=desc)
         expect(isinstance(got, tuple) and len(got) == 3, desc, "(forks, pruned, freed_blocks)", got,

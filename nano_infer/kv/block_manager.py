@@ -1,4 +1,4 @@
-"""Fixed-size KV blocks: a free list, reference counts and one block table per sequence.
+"""Fixed-size KV blocks: one block table per sequence, over a `BlockPool` of reference counts and a free list.
 
 Reference counts count holders: block tables, and the prefix cache for each block it
 keeps. A block with no references is on the free list.
@@ -17,10 +17,7 @@ from dataclasses import dataclass
 
 from ..engine.sequence import Sequence
 from ..utils import cdiv
-
-
-class NoFreeBlocksError(RuntimeError):
-    """Raised by allocate() when the pool is exhausted; the scheduler checks can_allocate first."""
+from .block_pool import BlockPool
 
 
 @dataclass
@@ -40,10 +37,7 @@ class BlockManager:
             raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must both be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.ref_count = [0] * num_blocks
-        # Used as a stack: the block freed last is taken first, while its memory is resident and
-        # likely in cache; a queue would cycle through the whole pool, every block cold when its turn came.
-        self.free_blocks: list[int] = list(reversed(range(num_blocks)))
+        self.pool = BlockPool(num_blocks)
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block copies the runner must do
         self.log: list[BlockEvent] | None = [] if log else None
 
@@ -51,29 +45,27 @@ class BlockManager:
     def _record(self, op: str, seq: Sequence | None, block: int) -> None:
         if self.log is not None:
             seq_id = seq.seq_id if seq is not None else None
-            self.log.append(BlockEvent(op, seq_id, block, self.ref_count[block], len(self.free_blocks)))
+            self.log.append(BlockEvent(op, seq_id, block, self.pool.ref_count[block], self.pool.num_free_blocks))
+
+    @property
+    def ref_count(self) -> list[int]:
+        return self.pool.ref_count
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_blocks)
+        return self.pool.num_free_blocks
 
     def incref(self, block: int, seq: Sequence | None = None) -> None:
-        self.ref_count[block] += 1
+        self.pool.incref(block)
         self._record("share", seq, block)
 
     def decref(self, block: int, seq: Sequence | None = None, op: str = "free") -> None:
         """Drop one reference (`op` names it in the log: "evict" when the prefix cache lets go)."""
-        assert self.ref_count[block] > 0, f"block {block} freed twice"
-        self.ref_count[block] -= 1
-        if self.ref_count[block] == 0:
-            self.free_blocks.append(block)
+        self.pool.decref(block)
         self._record(op, seq, block)
 
     def _take_block(self, seq: Sequence) -> int:
-        if not self.free_blocks:
-            raise NoFreeBlocksError("KV pool exhausted")
-        block = self.free_blocks.pop()
-        self.ref_count[block] = 1
+        block = self.pool.take()
         self._record("alloc", seq, block)
         return block
 
@@ -90,7 +82,7 @@ class BlockManager:
     def _write_block_is_shared(self, seq: Sequence) -> bool:
         """Is the block the next token writes into read by someone else (a fork, or the prefix cache)?"""
         i = seq.num_computed_tokens // self.block_size
-        return i < len(seq.block_table) and self.ref_count[seq.block_table[i]] > 1
+        return i < len(seq.block_table) and self.pool.ref_count[seq.block_table[i]] > 1
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Make room for the next `num_new_tokens` K/V entries of `seq` (the append_slot of vLLM v0)."""

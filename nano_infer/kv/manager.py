@@ -16,28 +16,36 @@ evicted cached blocks are offloaded to it instead of dropped, a match continues 
 loads blocks back, and a preempted sequence may be swapped out to it whole. The tier is keyed
 by each block's chained hash (`Sequence.block_hashes`), which the manager records for every
 block the prefix cache takes, so both caches offload the same way.
+
+Without a prefix cache or a host tier, a stand-in takes its place (`NoPrefixCache`, `NoHostTier`):
+one that never matches and holds nothing, one that never hits, offloads or swaps. So no method
+here asks what is configured. `NoKVCache` at the end stands in for the whole manager when there
+is no KV cache at all.
 """
 from __future__ import annotations
 
-from ..prefix.base import salt_of
-from ..prefix.hash_cache import chain_hash, root_hash
+from ..prefix.base import PrefixCache, salt_of
+from ..prefix.hashing import BlockKey, block_hashes, block_key
+from ..prefix.no_cache import NoPrefixCache
 from ..engine.sequence import Sequence
 from ..utils import cdiv
-from .host_tier import BlockKey, HostTier
+from .host_tier import HostTier
+from .no_tier import NoHostTier
 
 
 class KVManager:
-    def __init__(self, blocks, prefix_cache=None, tier: HostTier | None = None, cost=None,
+    def __init__(self, blocks, prefix_cache: PrefixCache | None = None, tier: HostTier | None = None, cost=None,
                  preemption_mode: str = "recompute"):
         self.blocks = blocks  # BlockManager, or ContiguousKVCache
-        self.prefix_cache = prefix_cache  # HashPrefixCache, RadixPrefixCache, or None
-        self.tier = tier  # the host tier (stage 12), or None
+        # HashPrefixCache or RadixPrefixCache; none given: the stand-in that never matches
+        self.prefix_cache = prefix_cache if prefix_cache is not None else NoPrefixCache(blocks.block_size)
+        self.tier = tier if tier is not None else NoHostTier()  # the host tier (chapter 12), or its stand-in
         self.cost = cost  # kv.cost.CostModel: swap or recompute, for preemption_mode="auto"
         self.preemption_mode = preemption_mode
         self.block_size = blocks.block_size
         self.num_blocks = blocks.num_blocks
         self.num_evicted_blocks = 0  # cached blocks given back to make room, ever
-        self.block_keys: dict[int, BlockKey] = {}  # cached device block -> its tier key (with a tier only)
+        self.block_keys: dict[int, BlockKey] = {}  # cached device block -> its tier key
 
     # -- what there is ----------------------------------------------------------------------------
     @property
@@ -51,12 +59,11 @@ class KVManager:
     @property
     def num_available_blocks(self) -> int:
         """Free now, plus idle blocks only the prefix cache holds (it gives them up on demand)."""
-        evictable = self.prefix_cache.num_evictable_blocks() if self.prefix_cache else 0
-        return self.blocks.num_free_blocks + evictable
+        return self.blocks.num_free_blocks + self.prefix_cache.num_evictable_blocks()
 
     def holds(self, block: int) -> bool:
         """Does the prefix cache keep this block filled for later requests?"""
-        return self.prefix_cache is not None and self.prefix_cache.holds(block)
+        return self.prefix_cache.holds(block)
 
     def match_len(self, token_ids: list[int], salt: str | None = None) -> int:
         """Blocks of `token_ids` the prefix cache could serve (the LPM policy's sort key)."""
@@ -64,17 +71,20 @@ class KVManager:
 
     # -- admission and allocation ---------------------------------------------------------------------
     def acquire(self, seq: Sequence) -> int:
-        """Admit a fresh sequence onto its cached prefix: share the blocks, skip their prefill.
-        Returns the tokens served from the cache, both tiers (0 without a prefix cache).
+        """Admit a sequence onto its cached prefix: share the blocks, skip their prefill, and set
+        `num_computed_tokens` to where it starts. Returns the tokens served from the caches, both tiers.
 
         If the whole sequence is cached, the last token is still computed (its logits give
         the first output token); writing its K/V into the shared last block triggers a
         copy-on-write of that one block. A sequence that still scores its prompt (prompt
         logprobs) takes no hit: the positions a hit skips are the rows it needs (as in vLLM).
+        A sequence swapped out to the host tier comes back whole, copied in by `allocate`.
         """
-        if self.prefix_cache is None or seq.swapped_blocks:
-            return 0  # a swapped-out sequence comes back whole, in allocate()
         assert not seq.block_table and seq.num_computed_tokens == 0
+        swapped = self.tier.num_swapped_tokens(seq)
+        if swapped:  # it starts where it was preempted; allocate() copies its blocks back in
+            seq.num_computed_tokens = swapped
+            return 0
         blocks = [] if seq.scores_prompt else self.prefix_cache.match(seq.token_ids, salt_of(seq))
         for block in blocks:
             if self.blocks.ref_count[block] == 1:  # idle: only the cache held it
@@ -82,36 +92,39 @@ class KVManager:
             self.blocks.incref(block, seq)
         seq.block_table = list(blocks)
         self.prefix_cache.lock(seq, blocks)
-        if self.tier is not None and not seq.scores_prompt:
-            self._load_from_tier(seq)
-        seq.num_computed_tokens = min(len(seq.block_table) * self.block_size, len(seq) - 1)
-        seq.num_host_cached_tokens = max(0, seq.num_computed_tokens - len(blocks) * self.block_size)
-        return len(seq.block_table) * self.block_size
+        hits = [] if seq.scores_prompt else self._match_in_tier(seq)
+        num_cached = (len(blocks) + len(hits)) * self.block_size
+        seq.num_computed_tokens = min(num_cached, len(seq) - 1)
+        self._load_from_tier(seq, hits)
+        self.tier.admit(seq, max(0, seq.num_computed_tokens - len(blocks) * self.block_size))
+        return num_cached
 
-    def _load_from_tier(self, seq: Sequence) -> None:
-        """Continue the match in the host tier: each hit gets a device block and a copy back.
-        One device block is left for the tokens the sequence still computes."""
+    def _match_in_tier(self, seq: Sequence) -> list[int]:
+        """Continue the match in the host tier: the host blocks of the next blocks of `seq`, held until
+        their copies run. One device block is left for the tokens the sequence still computes."""
         hits, room = [], self.num_available_blocks - 1
-        for i in range(len(seq.block_table), len(self.block_hashes(seq))):
-            host = self.tier.lookup(self.block_key(seq, i)) if len(hits) < room else None
+        for i in range(len(seq.block_table), len(block_hashes(seq, self.block_size))):
+            host = self.tier.lookup(block_key(seq, i, self.block_size)) if len(hits) < room else None
             if host is None:
                 break
             self.tier.pin(host)  # the evictions below may offload into the tier: keep the hits
             hits.append(host)
+        return hits
+
+    def _load_from_tier(self, seq: Sequence, hits: list[int]) -> None:
+        """Each host hit gets a device block after the matched ones, and a copy back before the next
+        forward pass (`num_computed_tokens` counts the hits already)."""
         if not hits:
             return
         num_matched = len(seq.block_table)
-        seq.num_computed_tokens = num_matched * self.block_size  # allocate past the matched blocks
-        self.allocate(seq, len(hits) * self.block_size)
+        self.allocate(seq, (num_matched + len(hits)) * self.block_size - seq.num_computed_tokens)
         for host, device in zip(hits, seq.block_table[num_matched:]):
-            self.tier.load(host, device)
-        seq.num_blocks_loaded += len(hits)
+            self.tier.load(seq, host, device)
 
     def record_admission(self, seq: Sequence) -> None:
-        if self.prefix_cache is not None:
-            self.prefix_cache.record_admission(seq)
-        if self.tier is not None and not seq.num_preemptions:
-            self.tier.stats.hit_tokens += min(seq.num_host_cached_tokens, seq.num_prompt_tokens)
+        """The admission holds: count its prompt's hits, once per request."""
+        self.prefix_cache.record_admission(seq)
+        self.tier.record_admission(seq)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.blocks.num_blocks_needed(seq, num_new_tokens) <= self.num_available_blocks
@@ -125,23 +138,17 @@ class KVManager:
         self.blocks.allocate(seq, num_new_tokens)
         for src, _ in self.blocks.pending_copies[num_copies:]:  # copy-on-write left the cached original to the cache
             self._unreferenced(src)
-        if seq.swapped_blocks:  # back from a swap: the first blocks of the new table are copied in
-            self.tier.swap_in(seq.swapped_blocks, seq.block_table[: len(seq.swapped_blocks)])
-            seq.num_blocks_loaded += len(seq.swapped_blocks)
-            seq.swapped_blocks = []
+        self.tier.swap_in(seq)  # back from a swap: the first blocks of the new table are copied in
 
     def evict(self, num_blocks: int, offload: bool = True) -> int:
         """Free up to `num_blocks` idle cached blocks, least recently used first; returns how many.
         With a host tier each goes there first (unless `offload` is False)."""
-        if self.prefix_cache is None:
-            return 0
         freed = self.prefix_cache.evict(num_blocks)
         for block in freed:
             assert self.blocks.ref_count[block] == 1, f"evicting block {block} still in use"
-            if self.tier is not None:
-                key = self.block_keys.pop(block)
-                if offload:
-                    self.tier.offload(key, block)
+            key = self.block_keys.pop(block)
+            if offload:
+                self.tier.offload(key, block)
             self.blocks.decref(block, op="evict")
         self.num_evicted_blocks += len(freed)
         return len(freed)
@@ -154,44 +161,24 @@ class KVManager:
     # -- during and after a step ------------------------------------------------------------------------
     def cache_computed(self, seq: Sequence) -> None:
         """Offer the sequence's full computed blocks to the prefix cache; it takes a reference on each it keeps."""
-        if self.prefix_cache is not None:
-            self._hold(seq, self.prefix_cache.cache_computed(seq))
+        self._hold(seq, self.prefix_cache.cache_computed(seq))
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """n > 1: the child reads the parent's blocks (and its cached prefix); writes copy on write.
         A parent swapped out to the host tier shares its host blocks instead."""
         self.blocks.fork(parent, child)
-        if self.tier is not None:
-            child.block_hashes = list(parent.block_hashes)  # the child's tokens start with the parent's
-            child.swapped_blocks = self.tier.share(parent.swapped_blocks)
-        if self.prefix_cache is not None:
-            self._hold(parent, self.prefix_cache.fork(parent, child))
+        child.block_hashes = list(parent.block_hashes)  # the child's tokens start with the parent's
+        self.tier.share(parent, child)
+        self._hold(parent, self.prefix_cache.fork(parent, child))
 
     def _hold(self, seq: Sequence, new: list[int]) -> None:
-        """The cache's reference on each block it newly keeps, and (with a tier) the block's key."""
+        """The cache's reference on each block it newly keeps, and the block's key (for the host tier)."""
         for block in new:
             self.blocks.incref(block)
-        if self.tier is not None and new:
-            self.block_hashes(seq)
+        if new:
             where = {b: i for i, b in enumerate(seq.block_table)}
             for block in new:
-                self.block_keys[block] = self.block_key(seq, where[block])
-
-    def block_hashes(self, seq: Sequence) -> list[int]:
-        """Chained hashes of the sequence's full blocks of tokens, from its salt (stage 03's chain),
-        extended as it grows: its tokens are only ever appended to."""
-        bs, hashes = self.block_size, seq.block_hashes
-        parent = hashes[-1] if hashes else root_hash(salt_of(seq))
-        for i in range(len(hashes), len(seq.token_ids) // bs):
-            parent = chain_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
-            hashes.append(parent)
-        return hashes
-
-    def block_key(self, seq: Sequence, i: int) -> BlockKey:
-        """The tier's key of block i (its hashes computed): the hash, its parent's, and its tokens, so a
-        hit is verified like a hit of the hash cache."""
-        parent = seq.block_hashes[i - 1] if i else root_hash(salt_of(seq))
-        return seq.block_hashes[i], parent, tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+                self.block_keys[block] = block_key(seq, where[block], self.block_size)
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Speculative rollback: keep the blocks of the first `num_tokens` positions only."""
@@ -200,30 +187,25 @@ class KVManager:
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references (finished or preempted); blocks the cache keeps turn idle."""
         table = seq.block_table
-        if self.prefix_cache is not None:
-            self.prefix_cache.release(seq)
+        self.prefix_cache.release(seq)
         self.blocks.free(seq)
         for block in reversed(table):  # the tail turns idle first: evicted before the head
             self._unreferenced(block)
-            if self.tier is not None and self.blocks.ref_count[block] == 0 and self.tier.cancel(block):
-                seq.num_blocks_loaded -= 1  # an undone admission's load: nothing left to copy into
+            if self.blocks.ref_count[block] == 0:
+                self.tier.cancel(seq, block)  # an undone admission's load: nothing left to copy into
 
     def swap_out(self, seq: Sequence) -> bool:
-        """Preemption by swapping (stage 12): copy the sequence's computed blocks to the host tier and
-        free them here; it keeps `num_computed_tokens` and copies back in on re-admission. False (and
-        nothing done) when the mode says recompute, the cost rule prefers it, or the tier is full."""
-        if self.tier is None:
-            return False
-        host = None
+        """Preemption by swapping (chapter 12): copy the sequence's computed blocks to the host tier and
+        free them here; re-admitted, it starts where it was (`acquire`) and copies back in (`allocate`).
+        False (and nothing done) when the mode says recompute, the cost rule prefers it, or the tier is full."""
+        swapped = False
         if self._should_swap(seq):
             table = seq.block_table[: cdiv(seq.num_computed_tokens, self.block_size)]
-            host = self.tier.swap_out(table, [self.block_keys.get(block) for block in table])
-        if host is None:
+            swapped = self.tier.swap_out(seq, table, [self.block_keys.get(block) for block in table])
+        if not swapped:
             self.tier.stats.recompute_preemptions += 1
             return False
         self.free(seq)
-        seq.swapped_blocks, num_copies = host
-        seq.num_blocks_swapped_out += num_copies
         self.tier.stats.swap_preemptions += 1
         return True
 
@@ -242,19 +224,18 @@ class KVManager:
         """Tokens a recompute would prefill again: those past what the prefix cache and the tier hold
         of its computed blocks (the full ones are cached as they are computed)."""
         num_full, bs = seq.num_computed_tokens // self.block_size, self.block_size
-        cached = len(self.prefix_cache.match(seq.token_ids[: num_full * bs], salt_of(seq))) if self.prefix_cache else 0
-        self.block_hashes(seq)
-        while cached < num_full and self.tier.lookup(self.block_key(seq, cached)) is not None:
+        cached = len(self.prefix_cache.match(seq.token_ids[: num_full * bs], salt_of(seq)))
+        while cached < num_full and self.tier.lookup(block_key(seq, cached, bs)) is not None:
             cached += 1
         return seq.num_computed_tokens - cached * bs
 
     def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """(device -> host, host -> device) block copies due before the next forward pass (none without a tier)."""
-        return self.tier.take_transfers() if self.tier is not None else ([], [])
+        return self.tier.take_transfers()
 
     def _unreferenced(self, block: int) -> None:
         """A sequence dropped `block`: if only the cache holds it now, it is idle (evictable)."""
-        if self.prefix_cache is not None and self.blocks.ref_count[block] == 1 and self.prefix_cache.holds(block):
+        if self.blocks.ref_count[block] == 1 and self.prefix_cache.holds(block):
             self.prefix_cache.on_unreferenced(block)
 
     def finish(self, seq: Sequence) -> None:
@@ -262,12 +243,42 @@ class KVManager:
         if seq.block_table:
             self.cache_computed(seq)
         self.free(seq)
-        if seq.swapped_blocks:  # ended while swapped out (aborted, or a pruned beam)
-            self.tier.free(seq.swapped_blocks)
-            seq.swapped_blocks = []
+        self.tier.finish(seq)  # ended while swapped out (aborted, or a pruned beam): its host blocks go
 
     def clear(self) -> int:
         """Evict every idle cached block, from both tiers (nothing is offloaded); returns how many device blocks were freed."""
-        if self.tier is not None:
-            self.tier.clear()
+        self.tier.clear()
         return self.evict(self.num_available_blocks - self.blocks.num_free_blocks, offload=False)
+
+
+class NoKVCache:
+    """kv_cache="none" (chapter 00): no K/V survives a step, so each step computes every sequence whole,
+    from its first token. The scheduler drives it like a KVManager; it allocates nothing."""
+
+    def __init__(self):
+        self.tier = NoHostTier()  # what each request's outputs report of a host tier: nothing
+
+    def cache_computed(self, seq: Sequence) -> None:
+        """After each step: nothing was kept, so the next step computes the sequence again."""
+        seq.num_computed_tokens = 0
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """A beam forked mid-step shares no K/V either: it computes from its first token."""
+        child.num_computed_tokens = 0
+
+    def acquire(self, seq: Sequence) -> int:
+        return 0
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return True
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        return []
+
+    def swap_out(self, seq: Sequence) -> bool:
+        return False
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> None: ...
+    def record_admission(self, seq: Sequence) -> None: ...
+    def free(self, seq: Sequence) -> None: ...
+    def finish(self, seq: Sequence) -> None: ...

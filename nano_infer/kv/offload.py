@@ -1,4 +1,4 @@
-"""The host tier's memory and its copies (stage 12); `HostTier` keeps the books, this moves the bytes.
+"""The host tier's memory and its copies (chapter 12); `HostTier` keeps the books, this moves the bytes.
 
 `HostKVPool` is a second pool laid out like the device pool, block by block: on CUDA in pinned
 host memory (page-locked, so the copy engine can read and write it while the GPU computes); on a
@@ -12,8 +12,9 @@ on a side stream: the host-to-device copy overlaps the CPU's packing of the step
 stream waits for it (an event, not a host sync) before the forward pass reads the blocks.
 
 `KVOffloader` is the engine plug-in: before each forward pass it takes the copies the
-`HostTier` queued and runs them, and after each step it feeds the measured copy bandwidth and
-prefill throughput to the `CostModel` that decides swap or recompute.
+`HostTier` queued and runs them with the step's copy-on-write, ahead of any plug-in that reads
+the blocks (its phase, `Phase.MOVE_BLOCKS`), and after each step it feeds the measured copy
+bandwidth and prefill throughput to the `CostModel` that decides swap or recompute.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.plugin import EnginePlugin
+from ..engine.plugin import EnginePlugin, Phase, StepContext
 from .cost import CostModel
 from .host_tier import HostTier
 from .paged import KVPool, lazy_zeros
@@ -31,8 +32,9 @@ from .paged import KVPool, lazy_zeros
 @dataclass
 class BlockSwap:
     """One step's block copies, as plain lists (a tensor-parallel driver sends it to its workers), run in
-    this order: device -> host (offloads, swap-outs: the blocks may be reused this step), copy-on-write
-    (its source may be an idle cached block that a load reuses this step), host -> device (loads, swap-ins)."""
+    this order (`ModelRunner.apply_swap`): device -> host (offloads, swap-outs: the blocks may be reused
+    this step), copy-on-write (its source may be an idle cached block that a load reuses this step),
+    host -> device (loads, swap-ins). A draft model's pool gets the same copies at the same time."""
 
     out: list[tuple[int, int]]  # (device block, host block)
     copies: list[tuple[int, int]]  # copy-on-write (src, dst) device blocks
@@ -93,27 +95,29 @@ def _copy(src: torch.Tensor, dst: torch.Tensor, pairs: list[tuple[int, int]]) ->
 class KVOffloader(EnginePlugin):
     """Runs the tiers' copies before each forward pass and measures what they and prefills cost."""
 
+    phase = Phase.MOVE_BLOCKS
+
     def __init__(self, tier: HostTier, cost: CostModel):
         self.tier = tier
         self.cost = cost
         self.bytes_out = 0  # device -> host, ever
         self.bytes_in = 0  # host -> device, ever
 
-    def adjust(self, batch, runner) -> None:
-        """First of the plug-ins: a draft model (speculation) reads the loaded blocks too."""
+    def adjust(self, step: StepContext) -> None:
+        """The tier's copies, with the step's copy-on-write between them, run now and timed."""
         out, into = self.tier.take_transfers()
         if not out and not into:
             return
         start = time.perf_counter()
-        runner.swap(BlockSwap(out, batch.copies, into))  # the step's copy-on-write goes between the two
-        batch.copies = []
+        step.move_blocks(out, into)
         nbytes = (len(out) + len(into)) * self.cost.bytes_per_block
         self.cost.observe_copy(nbytes, time.perf_counter() - start)
         self.bytes_out += len(out) * self.cost.bytes_per_block
         self.bytes_in += len(into) * self.cost.bytes_per_block
 
-    def after_step(self, engine, batch, start: float) -> None:
+    def after_step(self, step: StepContext) -> None:
         """A step that was mostly prompt tokens measures the recompute rate."""
+        batch = step.batch
         prefill = sum(e.num_tokens for e in batch.scheduled if e.kind == "prefill")
         if prefill and 2 * prefill >= batch.num_batched_tokens:
-            self.cost.observe_prefill(batch.num_batched_tokens, time.perf_counter() - start)
+            self.cost.observe_prefill(batch.num_batched_tokens, time.perf_counter() - step.start)

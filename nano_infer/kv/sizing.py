@@ -56,7 +56,7 @@ def make_kv_cache(cfg, hf_config, model, dtype, device, bytes_per_token: int, ma
                   model.head_dim, dtype, device)
     tier = cost = None
     if cfg.kv_offloading_size:
-        tier = HostTier(num_host_blocks(cfg, bytes_per_token), blocks.block_size)
+        tier = HostTier(num_host_blocks(cfg, bytes_per_token), blocks.block_size, bytes_per_token * blocks.block_size)
         cost = CostModel(bytes_per_token * blocks.block_size)
     kv = KVManager(blocks, make_prefix_cache(cfg.prefix_cache, blocks.block_size), tier, cost, cfg.preemption_mode)
     return kv, pool

@@ -8,16 +8,21 @@ With tensor parallelism each rank reads only its slice of each tensor (`TPShard.
 before the fusing: q, k and v (gate and up) are cut separately, so a fused weight holds this
 rank's query heads, then its KV heads, then their values, just as the forward expects.
 
-A llama.cpp / Ollama GGUF file goes through transformers' GGUF reader instead: config,
-tokenizer and chat template come from the file's metadata, and each quantized tensor is
-dequantized (with the `gguf` package) to the engine's dtype as it is read.
+A llama.cpp / Ollama GGUF file gives config, tokenizer and chat template from its metadata;
+its quantized tensors run as stored (`quantization.py`), or with quantization="none" are
+dequantized to the engine's dtype as they are read (`gguf.py`). A safetensors checkpoint can be
+quantized at load (quantization="int8" / "int4"): each weight as soon as it is whole, so no
+full-precision copy of the model is ever held.
 """
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import torch
+
+from .quantization import Int4Weight, describe_weights, install_quantized, quantize_weight, resolve_quantization
 
 TINY_MODEL_DIR = Path(__file__).parent / "tiny"
 DEFAULT_CUDA_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
@@ -154,53 +159,63 @@ def safetensors_tensors(model_dir: Path, device: torch.device, config=None, mode
                 yield hf_name, _read(f, hf_name, hf_name.removeprefix("model."), config, model, tp)
 
 
-def gguf_tensors(path: Path, config, dtype: torch.dtype):
-    """(HF name, dequantized tensor) for every tensor of a GGUF file, named as transformers names them.
-
-    transformers maps GGUF names (`blk.0.attn_q.weight`) to its own through a model of the
-    architecture; one built on the meta device costs no memory.
-    """
-    from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    yield from load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton, torch_dtype=dtype)["tensors"].items()
+def _whole(parts: list):
+    """A fused weight from its parts, rows end to end."""
+    return Int4Weight.cat(parts) if isinstance(parts[0], Int4Weight) else torch.cat(parts, dim=0)
 
 
-def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype, max_positions: int, tp=None,
-               gguf_file: str | None = None):
-    """The model on `device` in `dtype`; with `tp` (a TPShard) only that rank's slices of the weights."""
-    from accelerate import init_empty_weights
-
-    from .llama import CausalLM
-    from .packed import can_pack, pack_linears
-
-    with init_empty_weights(include_buffers=False):
-        model = CausalLM(config, max_positions=max_positions, tp=tp)
-    model.rotary.to(device)
-    if gguf_file and tp is not None:
-        raise ValueError("a GGUF checkpoint with tensor_parallel_size > 1 is not supported; use the safetensors one")
-    tensors = gguf_tensors(model_dir / gguf_file, config, dtype) if gguf_file else \
-        safetensors_tensors(model_dir, device, config, model, tp)
+def _read_all(tensors, model, device, dtype, mode: str) -> dict:
+    """Our name -> tensor (or quantized weight): q/k/v and gate/up fused, and with mode "int8" / "int4"
+    each linear weight quantized as soon as its parts are all read."""
     shards: dict[str, list] = {}
     state = {}
     for hf_name, tensor in tensors:
         name, index = _fused_name(hf_name)
         if name == "lm_head.weight" and model.tie_word_embeddings:
             continue
-        tensor = tensor.to(device=device, dtype=dtype)
-        if index is None:
-            state[name] = tensor
-        else:
-            shards.setdefault(name, [None] * (3 if "qkv" in name else 2))[index] = tensor
-    for name, parts in shards.items():
-        if any(p is None for p in parts):
-            raise ValueError(f"checkpoint in {model_dir} is missing part of {name}")
-        state[name] = torch.cat(parts, dim=0)
+        if isinstance(tensor, torch.Tensor):
+            tensor = tensor.to(device=device, dtype=dtype)
+        if index is not None:
+            parts = shards.setdefault(name, [None] * (3 if "qkv" in name else 2))
+            parts[index] = tensor
+            if any(p is None for p in parts):
+                continue
+            tensor = _whole(shards.pop(name))
+        state[name] = quantize_weight(tensor, mode) if mode in ("int8", "int4") and name.endswith("_proj.weight") \
+            else tensor
+    if shards:
+        raise ValueError(f"checkpoint is missing part of {sorted(shards)[:3]}")
+    return state
+
+
+def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype, max_positions: int, tp=None,
+               gguf_file: str | None = None, quantization: str | None = None):
+    """The model on `device` in `dtype`; with `tp` (a TPShard) only that rank's slices of the weights.
+    `quantization` (EngineConfig's) says how the weights are held; `model.weights_held` says it in words."""
+    from accelerate import init_empty_weights
+
+    from .gguf import gguf_stored_tensors, gguf_tensors
+    from .llama import CausalLM
+    from .packed import can_pack, pack_linears
+
+    mode, why = resolve_quantization(quantization, gguf_file, device, dtype)
+    with init_empty_weights(include_buffers=False):
+        model = CausalLM(config, max_positions=max_positions, tp=tp)
+    model.rotary.to(device)
+    if gguf_file and tp is not None:
+        raise ValueError("a GGUF checkpoint with tensor_parallel_size > 1 is not supported; use the safetensors one")
+    dequantized = Counter()
+    if gguf_file:
+        path = model_dir / gguf_file
+        tensors = gguf_stored_tensors(path, config, dequantized) if mode == "gguf" else gguf_tensors(path, config, dtype)
+    else:
+        tensors = safetensors_tensors(model_dir, device, config, model, tp)
+    state = _read_all(tensors, model, device, dtype, mode)
+    held = install_quantized(model, state, dtype)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(f"checkpoint/model mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if can_pack(device, dtype):
         pack_linears(model)
+    model.weights_held = describe_weights(mode, why, held, dequantized, dtype)
     return model.eval()

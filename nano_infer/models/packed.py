@@ -41,10 +41,11 @@ class PackedLinear(nn.Module):
 
 def pack_linears(model: nn.Module) -> None:
     """Swap every nn.Linear of the model for a PackedLinear, and give a model whose logits reuse the
-    embedding matrix (tied weights) a packed copy of it for the logits: the lookup needs the plain one."""
+    embedding matrix (tied weights) a packed copy of it for the logits: the lookup needs the plain one.
+    (A model whose embedding is held quantized already has its own `lm_head`.)"""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, PackedLinear(child.weight, child.bias))
-    if getattr(model, "tie_word_embeddings", False):
+    if getattr(model, "tie_word_embeddings", False) and not hasattr(model, "lm_head"):
         model.lm_head = PackedLinear(model.embed_tokens.weight, None, copy=True)

@@ -1,7 +1,8 @@
 """Prefix caching: reuse the KV blocks of a prompt prefix another request already computed.
 
-Two implementations of one interface (`PrefixCache`): chained hashes of full blocks
-(stage 03, vLLM's approach) and a radix tree (stage 04, SGLang's RadixAttention).
+Two implementations of one interface (`PrefixCache`), so the KV manager and the scheduler never ask
+which one runs: chained hashes of full blocks (chapter 03, vLLM's approach; the keys in hashing.py)
+and a radix tree (chapter 04, SGLang's RadixAttention).
 """
 from .base import PrefixCache, PrefixCacheStats
 from .hash_cache import HashPrefixCache

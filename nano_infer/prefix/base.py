@@ -69,7 +69,7 @@ class PrefixCache:
         newly cached, as `cache_computed` does.
         """
         new = self.cache_computed(parent)
-        child.prefix_handle = list(parent.prefix_handle or [])
+        child.prefix_handle = parent.prefix_handle
         return new
 
     def holds(self, block: int) -> bool:

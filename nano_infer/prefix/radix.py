@@ -1,4 +1,4 @@
-"""Stage 04: a radix tree over token ids whose nodes own the KV blocks of their edge (SGLang's RadixAttention).
+"""Chapter 04: a radix tree over token ids whose nodes own the KV blocks of their edge (SGLang's RadixAttention).
 
 Each edge is a run of tokens whose length is a whole number of blocks, and its node holds
 those blocks. Matching walks down from the root comparing tokens; a request that diverges
@@ -10,10 +10,11 @@ token-exact.
 A running request locks the nodes on its path (lock_ref counts how many do). Only unlocked
 leaves are evicted, least recently used first, from the end of their edge and only as many
 blocks as the pool needs; evicting a leaf never breaks its parent, which may become an
-evictable leaf in turn. Requests with a `cache_salt` (SamplingParams) walk a tree of their own, a
-root per salt, so they share no node with other salts; a salt's root goes when its last leaf is
-evicted. Compare the hash cache, where evicting a
-middle block strands the blocks after it.
+evictable leaf in turn. Compare the hash cache, where evicting a middle block strands the
+blocks after it.
+
+Requests with a `cache_salt` (SamplingParams) walk a tree of their own, a root per salt, so
+they share no node with other salts; a salt's root goes when its last leaf is evicted.
 """
 from __future__ import annotations
 

@@ -9,22 +9,22 @@ milliseconds for a big model on a GPU). A server that called it on its event loo
 freeze every connection for that long, so the engine gets one background thread that owns
 it, and everything else talks to that thread through two one-way channels:
 
-    event loop thread(s)                         engine thread (the only one touching the engine)
-    generate() --- inbox.put(("add", ...)) --->  takes the inbox between steps: add / abort
-    await queue.get() <-- call_soon_threadsafe -- step() -> RequestOutput per request
+    event loop thread(s)                           engine thread (the only one touching the engine)
+    generate() --- inbox.put(AddRequest(...)) --->  takes the inbox between steps: add / abort
+    await stream.take() <-- call_soon_threadsafe -- step() -> RequestOutput per request
 
-The inbox is a `queue.Queue`, made for threads: a lock inside, and a blocking `get` that
-lets an idle engine thread sleep until work arrives. The way back is a one-item mailbox per
-request (`Stream`), and the engine thread never touches it directly. It belongs to one event
-loop, and asyncio objects are not thread-safe: a future resolved from another thread schedules
-its waiter with `loop.call_soon`, which appends to the loop's ready list without waking the
-loop. A loop asleep in `select()` (idle, which is exactly when a client sits waiting for its
-next token) keeps sleeping, so the client hangs until something unrelated happens to wake the
-loop: a deadlock with no lock in sight. `loop.call_soon_threadsafe(stream.offer, item)` instead
-hands the call to the loop and writes a byte to the loop's self-pipe, which wakes `select()`;
-the offer then runs on the loop's own thread. The mailbox keeps only the newest output: outputs
-are cumulative, so a client that stops reading holds one output, never a queue of them (a queue
-of cumulative outputs grew with the square of the tokens: 1.94 GB for one stalled stream).
+The inbox is a `queue.Queue`, made for threads: a lock inside, and a blocking `get` that lets an
+idle engine thread sleep until work arrives; each message in it is a dataclass that says what it
+carries (inbox.py). The way back is a one-item mailbox per request (`Stream`), and the engine thread
+never touches it directly. It belongs to one event loop, and asyncio objects are not thread-safe: a
+future resolved from another thread schedules its waiter with `loop.call_soon`, which appends to the
+loop's ready list without waking the loop. A loop asleep in `select()` (idle, which is exactly when
+a client sits waiting for its next token) keeps sleeping, so the client hangs until something
+unrelated happens to wake the loop: a deadlock with no lock in sight.
+`loop.call_soon_threadsafe(stream.offer, item)` instead hands the call to the loop and writes a byte
+to the loop's self-pipe, which wakes `select()`; the offer then runs on the loop's own thread. The
+mailbox keeps only the newest output: outputs are cumulative, so a client that stops reading holds
+one output, never a queue of them (which would grow with the square of its tokens).
 
 Requests wait for the engine in `Admission`, per tenant, and join it by turns, so one tenant's
 flood cannot push another's first token back by more than a step or two.
@@ -49,13 +49,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .admission import Admission
 from .chat_limits import check_chat_size
+from .inbox import AbortRequest, AddRequest, Shutdown
 from ..engine.llm_engine import LLMEngine
 from ..llm import LLM
 from .streams import Deltas, Stream
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
-
-_STOP = None  # inbox message that ends the engine thread
 
 
 class EngineUnavailable(RuntimeError):
@@ -123,8 +122,8 @@ class AsyncLLM:
         token_ids = await loop.run_in_executor(self._tokenizer_thread, self._prompt_ids, prompt)
         index = await self._constraint_index(params, tenant=tenant) if params.constrained else None
         s = Stream(request_id or uuid.uuid4().hex, loop)
-        self._send(("add", s, tenant, priority, prompt if isinstance(prompt, str) else None, token_ids, params, stream,
-                    index))
+        self._send(AddRequest(s, tenant, priority, prompt if isinstance(prompt, str) else None, token_ids, params,
+                              stream_outputs=stream, constraint_index=index))
         deltas = Deltas(params)
         done = False
         try:
@@ -139,7 +138,7 @@ class AsyncLLM:
                     yield out
         finally:
             if not done:
-                self._send(("abort", s))
+                self._send(AbortRequest(s))
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -171,11 +170,11 @@ class AsyncLLM:
                     self._compile_pool = CompilePool(vocab, limits, workers=self._compile_workers)
         return await self._compile_pool.index(params, trusted, tenant)
 
-    def _send(self, message) -> None:
+    def _send(self, message: AddRequest | AbortRequest) -> None:
         with self._lock:
             if not self._closed:
                 self._inbox.put(message)
-            elif message[0] == "add":
+            elif isinstance(message, AddRequest):
                 raise RuntimeError("AsyncLLM is shut down")
 
     def shutdown(self, timeout: float | None = 30) -> None:
@@ -183,7 +182,7 @@ class AsyncLLM:
         with self._lock:
             if not self._closed:
                 self._closed = True
-                self._inbox.put(_STOP)
+                self._inbox.put(Shutdown())
         self._thread.join(timeout)
         self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
         if self._compile_pool is not None:
@@ -220,37 +219,42 @@ class AsyncLLM:
         Returns False on shutdown."""
         try:
             message = self._inbox.get(block=block)
-            while True:
-                if message is _STOP:
-                    return False
-                self._handle(*message)
+            while not isinstance(message, Shutdown):
+                if isinstance(message, AbortRequest):
+                    self._abort(message.stream)
+                else:
+                    self._queue(message)
                 message = self._inbox.get_nowait()
+            return False
         except queue.Empty:
             return True
 
-    def _handle(self, kind: str, s: Stream, *args) -> None:
-        if kind == "abort":
-            if self._streams.get(s.request_id) is s:  # not a rejected duplicate of a live id
-                self._forget(s)
-                self.engine.abort_request(s.request_id)
-            return
-        tenant, priority, *add = args
+    def _queue(self, add: AddRequest) -> None:
+        """Put a request in line for Admission (or refuse an id already in use)."""
+        s = add.stream
         if s.request_id in self._streams or s.request_id in self.engine.requests:
             self._push(s, ValueError(f"request id {s.request_id!r} is already in use"))
             return
-        s.pending = self._admission.put(tenant or "", priority, getattr(add[2], "n", 1), (s, *add))
+        s.pending = self._admission.put(add.tenant or "", add.priority, getattr(add.params, "n", 1), add)
         self._streams[s.request_id] = s
+
+    def _abort(self, s: Stream) -> None:
+        """Its caller left: drop the request, whether the engine runs it or Admission still holds it."""
+        if self._streams.get(s.request_id) is s:  # not a rejected duplicate of a live id
+            self._forget(s)
+            self.engine.abort_request(s.request_id)
 
     def _admit(self) -> None:
         """Add to the engine what Admission lets in now."""
         for item in self._admission.take():
-            s, prompt, token_ids, params, stream, index = item.message
+            add: AddRequest = item.message
             try:
-                self.engine.add_request(s.request_id, prompt, params, prompt_token_ids=token_ids, stream=stream,
-                                        constraint_index=index)
+                self.engine.add_request(add.stream.request_id, add.prompt, add.params,
+                                        prompt_token_ids=add.prompt_token_ids, stream=add.stream_outputs,
+                                        constraint_index=add.constraint_index)
             except Exception as e:  # noqa: BLE001 - bad input goes back to its caller only
-                self._forget(s)
-                self._push(s, e)
+                self._forget(add.stream)
+                self._push(add.stream, e)
 
     def _forget(self, s: Stream) -> None:
         """The request is done with the engine (or never reached it): release its place."""

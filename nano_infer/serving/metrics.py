@@ -51,7 +51,7 @@ class EngineMetrics:
             yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.query_tokens)
             yield counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", stats.hit_tokens)
             yield gauge("prefix_cache_hit_rate", "Hits / queries since the start.", stats.hit_rate)
-        tier = kv.tier if kv is not None else None
+        tier = engine.offloader.tier if engine.offloader is not None else None
         if tier is not None:
             hits = engine.prefix_cache.stats.hit_tokens if engine.prefix_cache is not None else 0
             yield counter("kv_device_hits", "Prompt tokens served from the device tier (of prefix_cache_hits).",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.plugin import EnginePlugin
+from ..engine.plugin import EnginePlugin, Phase, StepContext
 from ..engine.sampling import greedy_tokens
 from .config import SpeculativeConfig
 from .ngram import propose_ngram
@@ -46,6 +46,8 @@ class SpecStats:
 
 
 class SpeculativeDecoder(EnginePlugin):
+    phase = Phase.PROPOSE  # after the host tier's copies: a draft reads the blocks they fill
+
     def __init__(self, config: SpeculativeConfig, kv, max_model_len: int, draft=None):
         self.config = config
         self.kv = kv  # the KVManager: proposal slots are allocated and rolled back there
@@ -65,16 +67,15 @@ class SpeculativeDecoder(EnginePlugin):
         return max(0, min(k, room))
 
     # -- before the forward pass ---------------------------------------------------------------
-    def adjust(self, batch, runner) -> None:
+    def adjust(self, step: StepContext) -> None:
         """Proposals for every entry the scheduler gave lookahead slots; each then computes 1 +
         the proposals kept, and the blocks of unused slots go back."""
-        reserved = [e for e in batch.scheduled if e.num_lookahead]
+        reserved = [e for e in step.batch.scheduled if e.num_lookahead]
         if not reserved:
             return
         if self.draft is not None:
-            runner.copy_blocks(batch.copies)  # before the draft writes into the copies
-            batch.copies = []
-            self.draft.propose(runner, reserved)
+            step.move_blocks()  # the draft reads the step's copied and loaded blocks, and writes into copies
+            self.draft.propose(step.runner, reserved)
         else:
             cfg = self.config
             for e in reserved:
@@ -112,7 +113,7 @@ class SpeculativeDecoder(EnginePlugin):
         then give back the KV slots of the rejected proposals."""
         seq, tokens, appended = entry.seq, self.accept(entry, logits), []
         for token in tokens:
-            seq.num_computed_tokens = len(seq)  # K/V of every token so far is computed and accepted
+            outputs.scheduler.advance(seq, len(seq))  # K/V of every token so far is computed and accepted
             outputs.append_token(seq, token, now)
             appended.append(token)
             if seq.is_finished:

@@ -64,10 +64,20 @@ def figure_renderer() -> str:
     return "plotly_mimetype+png" if os.environ.get("NANO_INFER_FIGURE_IMAGES") == "1" else "plotly_mimetype"
 
 
-def _frame_layout(fig: go.Figure) -> dict:
+def _frame_layout(fig: go.Figure, counts: dict[str, int]) -> dict:
+    """The layout keys a frame sets, its annotations and shapes padded to `counts` entries.
+
+    plotly.js merges a frame's annotations and shapes into the figure's item by item (as it does
+    any layout array), so the items past the end of a shorter list would stay drawn: a state
+    with two notes after one with five would still show the last three. Every state therefore
+    lists the same number, the missing ones hidden, and its own ones visible (a merged item
+    keeps `visible` from the item it replaces unless the frame says otherwise).
+    """
     layout = fig.layout.to_plotly_json()
     keep = {k: v for k, v in layout.items() if k in _FRAME_LAYOUT_KEYS or k.startswith(("xaxis", "yaxis"))}
-    keep.setdefault("annotations", [])  # a state without annotations must clear the previous state's
+    for key, count in counts.items():
+        items = [{**item, "visible": item.get("visible", True)} for item in keep.get(key, [])]
+        keep[key] = items + [{"visible": False}] * (count - len(items))
     return keep
 
 
@@ -89,8 +99,11 @@ def stepper(draw, count: int, description: str = "step", interval_ms: int = 500,
     for i, f in enumerate(figures):
         if [t.type for t in f.data] != kinds:
             raise ValueError(f"stepper: state {i} draws traces {[t.type for t in f.data]}, state 0 draws {kinds}")
+    counts = {key: max(len(f.layout[key]) for f in figures) for key in ("annotations", "shapes")}
+    frames = [_frame_layout(f, counts) for f in figures]
     fig = go.Figure(figures[0])
-    fig.frames = [go.Frame(data=f.data, layout=_frame_layout(f), name=str(i)) for i, f in enumerate(figures)]
+    fig.update_layout(annotations=frames[0]["annotations"], shapes=frames[0]["shapes"])
+    fig.frames = [go.Frame(data=f.data, layout=layout, name=str(i)) for i, (f, layout) in enumerate(zip(figures, frames))]
     height = max(f.layout.height or 450 for f in figures)
     bottom = (fig.layout.margin.b if fig.layout.margin.b is not None else 60) + 90
     still = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}

@@ -4,7 +4,8 @@
 each live beam (its sequence id, the beam it extends, its tokens and block table), the pool's
 reference counts and the block operations of that step (the allocator's log). `beam_stepper`
 draws the rounds with a slider: on the left the tree of hypotheses (x = output position, y = the
-beam's rank; gray branches were pruned, stars are finished hypotheses), on the right each live
+beam's rank; gray branches were pruned; a star is a finished hypothesis, in the row of the beam it
+ended from, half a column after it), on the right each live
 beam's block table as a row of cells, the physical block id written in the cell and its colour
 the block's reference count, so the prompt's blocks read by all k beams stand out, and a cell
 outlined in black is a copy-on-write made in that step.
@@ -19,6 +20,8 @@ from plotly.subplots import make_subplots
 
 from ..kv.block_manager import BlockEvent
 from . import stepper
+
+FIGURE_WIDTH = 900  # fits a notebook's output area in a 1280 px wide window (and the book's page)
 
 
 @dataclass
@@ -156,9 +159,9 @@ def beam_round_figure(rounds: list[BeamRound], i: int, decode=None, width: int |
             nodes[on][2].append(_short(label))
             nodes[on][3].append(f"seq {b.seq_id}, rank {b.rank}, cum logprob {b.cum_logprob:.2f}<br>{decode(b.tokens)!r}")
     hx, hy, ht, hh = [], [], [], []
-    for j, f in ended:  # each at the round it ended, beside the beam it ended from
-        hx.append(rounds[j].round)
-        hy.append((rank_of[j - 1][f.parent] if j else 0) + 0.35)
+    for j, f in ended:  # in the row of the beam it ended from, between that beam and the round it ended in
+        hx.append(rounds[j].round - 0.5)
+        hy.append(rank_of[j - 1][f.parent] if j else 0)
         ht.append(_short(decode(f.tokens[-1:])))
         hh.append(f"finished ({f.finish_reason}), score {f.score:.3f}<br>{decode(f.tokens)!r}")
     for on, color in ((False, "#c7c7c7"), (True, "#1f77b4")):
@@ -184,14 +187,15 @@ def beam_round_figure(rounds: list[BeamRound], i: int, decode=None, width: int |
                      + [""] * (num_columns - len(table)))
     fig.add_trace(go.Heatmap(z=z, x=list(range(num_columns)), y=list(range(width)), text=text, texttemplate="%{text}",
                              hovertext=hover, hoverinfo="text", colorscale=_colors(zmax), zmin=0.5, zmax=zmax + 0.5,
-                             xgap=2, ygap=2, colorbar=dict(title="ref count", tickvals=list(range(1, zmax + 1)), x=1.02)),
+                             xgap=2, ygap=2, colorbar=dict(title=dict(text="ref<br>count", side="top"), thickness=14,
+                                                           tickvals=list(range(1, zmax + 1)), x=1.01, xpad=4)),
                   row=1, col=2)
     cx = [c for b in rec.beams for c, blk in enumerate(b.block_table) if blk in cows]
     cy = [b.rank for b in rec.beams for blk in b.block_table if blk in cows]
     fig.add_trace(go.Scatter(x=cx or [None], y=cy or [None], mode="markers", hoverinfo="skip", name="copy-on-write this step",
                              marker=dict(symbol="square-open", size=22, color="black", line=dict(width=2))), row=1, col=2)
-    fig.update_layout(title=_title(rec), height=280 + 70 * width, width=1100,
-                      margin=dict(t=170, l=110, r=40), plot_bgcolor="white",
+    fig.update_layout(title=_title(rec), height=280 + 70 * width, width=FIGURE_WIDTH,
+                      margin=dict(t=170, l=110, r=70), plot_bgcolor="white",
                       legend=dict(orientation="h", y=1.01, yanchor="bottom", x=0),
                       xaxis=dict(range=[-0.5, max(r.round for r in rounds) + 0.7], title="beams: output token", dtick=4),
                       xaxis2=dict(range=[-0.5, num_columns - 0.5], title="block tables: logical block (text: physical block)", dtick=1),
@@ -201,18 +205,22 @@ def beam_round_figure(rounds: list[BeamRound], i: int, decode=None, width: int |
     return fig
 
 
+def _blocks(ids: list[int]) -> str:
+    """Block ids said as ids: "none", "block 10", "blocks 10, 12"."""
+    return "none" if not ids else f"block{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+
+
 def _title(rec: BeamRound) -> str:
+    """Counted in rounds, as the slider is: one count per frame."""
     if rec.done:
-        return (f"step {rec.step}: done after {rec.round} rounds; {len(rec.finished)} hypotheses, "
-                f"every beam's blocks freed ({rec.num_free_blocks} free)<br><sub>best: score "
-                f"{rec.finished[0].score:.3f}</sub>")
+        return (f"round {rec.round}: done; {len(rec.finished)} hypotheses, every beam's blocks freed "
+                f"({rec.num_free_blocks} free)<br><sub>best: score {rec.finished[0].score:.3f}</sub>")
     forks = ", ".join(f"{p}→{c}" for p, c in rec.forks) or "none"
     cows = ", ".join(f"seq {s} → block {b}" for s, b in rec.copies) or "none"
     pruned = ", ".join(map(str, rec.pruned)) or "none"
-    freed = ", ".join(map(str, rec.freed_blocks)) or "none"
-    return (f"step {rec.step}, round {rec.round}: {len(rec.beams)} beams, {len(rec.finished)} finished, "
+    return (f"round {rec.round}: {len(rec.beams)} beams, {len(rec.finished)} finished, "
             f"{rec.num_free_blocks} free blocks<br><sub>forked (parent→child seq): {forks} · copy-on-write: {cows}"
-            f"<br>pruned seqs: {pruned} · blocks back to the free list: {freed}</sub>")
+            f"<br>pruned seqs: {pruned} · back to the free list: {_blocks(rec.freed_blocks)}</sub>")
 
 
 def beam_stepper(rounds: list[BeamRound], decode=None) -> go.Figure:
@@ -221,4 +229,4 @@ def beam_stepper(rounds: list[BeamRound], decode=None) -> go.Figure:
     num_columns = max(len(b.block_table) for r in rounds for b in r.beams)
     zmax = max(max(r.ref_counts) for r in rounds)
     return stepper(lambda i: beam_round_figure(rounds, i, decode, width, num_columns, zmax), len(rounds),
-                   "round", 700, labels=[str(r.round) + (" (done)" if r.done else "") for r in rounds])
+                   "round", 700, labels=[f"{r.round} (done)" if r.done else str(r.round) for r in rounds])

@@ -96,11 +96,11 @@ class TierRecorder:
         engine, offloader = self.engine, self.engine.offloader
         adjust, step = offloader.adjust, engine.step
 
-        def recording_adjust(batch, runner):
+        def recording_adjust(step):
             self._moves = self._pending()
-            self._scheduled = [(e.seq.request_id, e.num_tokens, e.kind) for e in batch.scheduled]
-            self._preempted = [s.request_id for s in batch.preempted]
-            return adjust(batch, runner)
+            self._scheduled = [(e.seq.request_id, e.num_tokens, e.kind) for e in step.batch.scheduled]
+            self._preempted = [s.request_id for s in step.batch.preempted]
+            return adjust(step)
 
         def recording_step():
             self._moves, self._scheduled, self._preempted = {}, [], []
@@ -131,7 +131,8 @@ class TierRecorder:
         for seq in scheduler.running:
             for block in seq.block_table:
                 device_owner.setdefault(block, []).append(seq.request_id)
-        host_owner = {block: seq.request_id for seq in scheduler.waiting for block in seq.swapped_blocks}
+        host_owner = {block: seq.request_id for seq in scheduler.waiting if seq.seq_id in tier.swapped
+                      for block in tier.swapped[seq.seq_id].blocks}
         return TierSnapshot(
             step=engine.num_steps - 1, device=device_states(kv), host=host_states(tier),
             device_owner={b: ", ".join(sorted(set(r))) for b, r in device_owner.items()}, host_owner=host_owner,

@@ -96,7 +96,7 @@ Reproduce (from the repository root; same seed and thread count give the same ru
 | unigram model of the same tokenizer, held-out plays | {r['unigram_heldout_loss']:.4f} |
 
 Held-out loss is {ratio:.2f} × the unigram loss. `eval.json` has these numbers in
-machine-readable form; `tests/test_tiny_model.py` recomputes the sample loss with
+machine-readable form; `tests/models/test_tiny_model.py` recomputes the sample loss with
 `transformers` (each conversation run alone, ids from `apply_chat_template`).
 
 ## Sample chats (60 new tokens at most)

@@ -11,10 +11,10 @@ import shutil
 import pytest
 import torch
 
-from beam_reference import hf_beams
-from model_factory import hf_model
 from nano_infer import LLM, LLMEngine, SamplingParams
 from nano_infer.beam import BeamSearchParams
+from tests.helpers.beam_reference import hf_beams
+from tests.helpers.model_factory import hf_model
 
 PROMPTS = ["To be, or not to be", "The quick brown fox", '{"name": "Ada", "age"', "café naïve 0123"]
 
@@ -304,7 +304,7 @@ def check_chats(llm, hf, chats, params):
 
 
 def test_shipped_chat_model_beams_match_transformers():
-    from test_tiny_model import MESSAGES, TINY
+    from tests.helpers.checkpoints import MESSAGES, TINY
     from transformers import AutoModelForCausalLM
 
     llm = LLM(str(TINY), dtype="float32", block_size=8)
@@ -319,8 +319,9 @@ def test_shipped_chat_model_beams_match_transformers():
     assert_all_free(llm.engine)
 
 
+@pytest.mark.slow
 def test_gguf_smollm2_beams_match_transformers():
-    from test_gguf import GGUF
+    from tests.helpers.checkpoints import GGUF
     from transformers import AutoModelForCausalLM
 
     if not GGUF.is_file():

@@ -132,7 +132,7 @@ class BeamMachine(RuleBasedStateMachine):
                 holders[block] += 1
         for block in range(kv.num_blocks):
             assert kv.ref_count[block] == holders[block] + kv.holds(block), block
-        free = set(kv.blocks.free_blocks)
+        free = set(kv.blocks.pool.free_blocks)
         assert len(free) == kv.num_free_blocks and free == {b for b in range(kv.num_blocks) if kv.ref_count[b] == 0}
         live = {s.seq_id for r in self.engine.requests.values() for s in r.seqs if not s.is_finished}
         assert live == {s.seq_id for s in list(sched.running) + list(sched.waiting)}

@@ -53,7 +53,7 @@ def test_mean_decode_context():
 
 
 def test_flops_count_matches_the_model_weights(qwen2_dir):
-    from model_factory import hf_model
+    from tests.helpers.model_factory import hf_model
 
     model = hf_model(qwen2_dir)
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
@@ -131,6 +131,7 @@ def test_one_chat_latency_alternates_engines_and_reports_medians(bench):
         assert 0 < result["ms_per_token"][name] == pytest.approx(statistics.median(row["itl_mean_ms"] for row in rows))
 
 
+@pytest.mark.slow
 def test_command_line_writes_a_json_report(tmp_path, qwen2_dir, capsys):
     report = main(["--quick", "--model", str(qwen2_dir), "--requests", "2", "--engines", "nano_infer", "hf_continuous",
                    "--dtype", "float32", "bfloat16", "--out", str(tmp_path)])

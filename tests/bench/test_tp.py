@@ -8,6 +8,7 @@ from nano_infer.bench.timing import Timings
 from nano_infer.bench.tp import TPStepTimes, collective_calls, step_split, step_times
 from nano_infer.models.loader import TINY_MODEL_DIR, load_config
 
+pytestmark = pytest.mark.slow  # two processes per engine
 LAYERS = load_config(TINY_MODEL_DIR).num_hidden_layers
 KV_BLOCKS = 256  # the filler requests may each grow to max_model_len
 

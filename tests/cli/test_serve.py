@@ -9,12 +9,15 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
-from engine_checks import free_port, wait_until_serving
 
+from tests.helpers.engine_checks import free_port, wait_until_serving
+
+pytestmark = pytest.mark.slow  # a real `nano-infer serve` process per test
 STOP_S = 60
 NANO_INFER = Path(sys.executable).with_name("nano-infer")  # the console script, installed beside this Python
 
@@ -43,3 +46,34 @@ def test_stopping_serve_leaks_nothing_and_prints_no_traceback(qwen2_dir, stop):
     assert "leaked semaphore" not in err, err
     assert "Traceback" not in err, err
     assert proc.returncode == 0, err
+
+
+MODES = {"tp1": [], "tp1-tier": ["--kv-offloading-size", "0.01"], "tp2": ["--tensor-parallel-size", "2"],
+         "tp2-tier": ["--tensor-parallel-size", "2", "--kv-offloading-size", "0.01"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_ctrl_c_right_after_start_prints_no_traceback_in_any_mode(qwen2_dir, mode):
+    """Ctrl-C as soon as /health answers, while the compile pool's fork server and workers (and the
+    tensor-parallel workers) are still importing: the race that printed a KeyboardInterrupt or a
+    `SemLock._rebuild` FileNotFoundError traceback in one try of three. Three tries per mode, at
+    different moments."""
+    for delay in (0.0, 0.2, 1.0):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen([str(NANO_INFER), "serve", "--model", str(qwen2_dir), "--port", str(port),
+                                 "--log-level", "warning", *MODES[mode]],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            wait_until_serving(proc, url)
+            time.sleep(delay)
+            os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+            _, err = proc.communicate(timeout=STOP_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+        assert "Traceback" not in err and "Fatal Python error" not in err, f"{mode}, Ctrl-C {delay} s after start:\n{err}"
+        assert "leaked semaphore" not in err, err
+        assert proc.returncode == 0, (mode, delay, err)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from nano_infer.constrained import ByteDFA
-from test_constrained_walks import REGEXES
+from tests.helpers.walks import REGEXES
 
 # Characters the regexes talk about, plus any character at all (every UTF-8 length).
 TEXT = st.text(st.sampled_from(list("ab0129-.xyeéE+市省中文🙂😀! \n\"\\")) | st.characters(exclude_categories=["Cs"]), max_size=12)

@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field
 
 from nano_infer import SamplingParams
 from nano_infer.constrained import build_constraint, json_schema_to_regex
-from test_constrained_vocabulary import byte_bpe_tokenizer, byte_bpe_vocabulary
-from test_constrained_walks import chooser, walk
+from tests.helpers.byte_bpe import byte_bpe_tokenizer, byte_bpe_vocabulary
+from tests.helpers.walks import chooser, walk
 
 
 class Color(str, enum.Enum):
@@ -112,6 +112,7 @@ def test_valid_documents_match_and_invalid_ones_do_not(name):
         assert not re.fullmatch(pattern, text), text
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(name=st.sampled_from(sorted(SCHEMAS)), wide=st.booleans(), data=st.data())
 def test_constrained_walks_produce_valid_json(name, wide, data):

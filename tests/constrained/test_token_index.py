@@ -16,7 +16,8 @@ import torch
 
 from nano_infer import SamplingParams
 from nano_infer.constrained import ByteDFA, build_constraint, json_schema_to_regex
-from test_constrained_vocabulary import byte_bpe_tokenizer, byte_bpe_vocabulary
+from tests.helpers.byte_bpe import byte_bpe_tokenizer, byte_bpe_vocabulary
+from tests.helpers.outlines import allowed_ids, dropped_by_outlines
 
 oc = pytest.importorskip("outlines_core")
 
@@ -48,17 +49,6 @@ def outlines_vocabulary():
         if data is not None:
             pieces.setdefault(data, []).append(tid)
     return oc.Vocabulary(eos, pieces)
-
-
-def dropped_by_outlines(dfa: ByteDFA, state: int, data: bytes) -> bool:
-    """The token ends in a non-accepting state, and the state before its last byte accepts."""
-    before = dfa.walk(data[:-1], state)
-    return bool(dfa.accepting[before]) and not dfa.accepting[dfa.walk(data, state)]
-
-
-def allowed_ids(constraint) -> set[int]:
-    mask = constraint.mask()
-    return set(torch.nonzero(mask == 0).flatten().tolist())
 
 
 @pytest.mark.parametrize("name", sorted(REGEXES))

@@ -17,12 +17,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from beam_reference import hf_beams
-from model_factory import hf_model, make_model_dir
 from nano_infer import LLM, BeamSearchParams, SamplingParams
 from nano_infer.distributed import TPShard, check_tp_sizes
 from nano_infer.models.loader import load_config, load_model
-from test_parity import GREEDY, prompts, reference
+from tests.helpers.beam_reference import hf_beams
+from tests.helpers.model_factory import hf_model, make_model_dir
+from tests.helpers.parity import GREEDY, prompts, reference
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +124,7 @@ def test_the_shards_of_every_weight_put_back_together_give_the_weight(qwen2_dir,
 
 
 # -- the engine across processes ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_tp2_matches_one_process_and_transformers_with_preemption_prefix_cache_chunked_prefill_and_beams(qwen2_dir, qwen2_ref):
     ps, ref = qwen2_ref
     config = dict(block_size=4, num_kv_blocks=16, prefix_cache="radix", max_num_batched_tokens=8)
@@ -155,6 +156,7 @@ def test_tp2_matches_one_process_and_transformers_with_preemption_prefix_cache_c
     llm.close()  # twice is fine
 
 
+@pytest.mark.slow
 def test_tp2_with_a_host_tier_swaps_and_loads_every_ranks_shard(qwen2_dir, qwen2_ref):
     """Stage 12 across processes: each rank copies its shard of the same blocks between its two pools."""
     ps, ref = qwen2_ref
@@ -177,6 +179,7 @@ def test_tp2_with_a_host_tier_swaps_and_loads_every_ranks_shard(qwen2_dir, qwen2
         assert kv.tier.num_free_blocks == kv.tier.num_blocks and not any(kv.tier.ref_count)
 
 
+@pytest.mark.slow
 def test_tp4_replicated_kv_heads_blockwise_hash_cache_and_a_hung_worker(qwen2_dir, qwen2_ref):
     ps, ref = qwen2_ref
     llm = LLM(str(qwen2_dir), dtype="float32", tensor_parallel_size=4, block_size=7, prefix_cache="hash", attention="blockwise",
@@ -197,6 +200,7 @@ def test_tp4_replicated_kv_heads_blockwise_hash_cache_and_a_hung_worker(qwen2_di
         llm.generate(prompt_token_ids=ps[:1], sampling_params=GREEDY)
 
 
+@pytest.mark.slow
 def test_tp2_contiguous_cache_then_a_killed_worker_fails_the_next_step(qwen2_dir, qwen2_ref):
     ps, ref = qwen2_ref
     llm = LLM(str(qwen2_dir), dtype="float32", tensor_parallel_size=2, kv_cache="contiguous", max_model_len=128)
@@ -208,6 +212,7 @@ def test_tp2_contiguous_cache_then_a_killed_worker_fails_the_next_step(qwen2_dir
     assert gone([pid]) and not dist.is_initialized() and pid not in children()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_tp2_matches_transformers_for_other_families(family, tmp_path, tokenizer):
     """qwen3: q/k norms and an explicit head_dim; llama: llama3 RoPE and an untied LM head, cut by vocabulary."""
@@ -233,6 +238,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
 def test_a_driver_that_is_interrupted_or_killed_leaves_no_worker_behind(qwen2_dir, tmp_path, sig):
     script = tmp_path / "driver.py"

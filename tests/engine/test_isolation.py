@@ -1,8 +1,8 @@
 """One request failing inside a step fails alone: the step's other requests get every token, no block leaks."""
 import pytest
 
-from engine_checks import assert_idle_and_blocks_free
 from nano_infer import LLM, LLMEngine, SamplingParams
+from tests.helpers.engine_checks import assert_idle_and_blocks_free
 
 
 @pytest.fixture(scope="module")

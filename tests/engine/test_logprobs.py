@@ -1,8 +1,8 @@
 """logprobs: the sampled token's log-probability and the k most likely, equal to transformers' distribution."""
 import torch
 
-from model_factory import hf_model
 from nano_infer import LLM, SamplingParams
+from tests.helpers.model_factory import hf_model
 
 
 def test_logprobs_match_transformers(qwen2_dir, tokenizer):

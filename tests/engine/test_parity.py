@@ -5,31 +5,12 @@ Every configuration of cache, attention and scheduling must give the same tokens
 import pytest
 import torch
 
-from model_factory import hf_model
-from nano_infer import LLM, LLMEngine, SamplingParams
+from nano_infer import LLM, LLMEngine
 from nano_infer.models.attention import AttentionMetadata, SeqSlice, make_backend
+from tests.helpers.model_factory import hf_model
+from tests.helpers.parity import CONFIGS, GREEDY, prompts, reference
 
-MAX_NEW = 24
-GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
 LOGIT_ATOL = 1e-4  # float32; observed differences are ~1e-6
-
-
-def prompts(tokenizer):
-    shared = tokenizer.encode("To be, or not to be, that is the question: whether 'tis nobler in the mind")
-    return [
-        shared + tokenizer.encode(" to suffer"),
-        shared + tokenizer.encode(" the quick brown fox jumps"),
-        shared,  # a prefix of the others: a whole-prompt cache hit on the second run
-        tokenizer.encode("你好，世界！ 🙂"),
-        tokenizer.encode("def f(x): return x * 2  # code and more code here"),
-    ]
-
-
-def reference(model_dir, token_lists):
-    hf = hf_model(model_dir)
-    with torch.no_grad():
-        return [hf.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None,
-                            pad_token_id=0)[0, len(p):].tolist() for p in token_lists]
 
 
 @pytest.fixture(scope="module")
@@ -58,26 +39,6 @@ def test_greedy_matches_transformers_for_each_family(model_dir, tokenizer):
     outs = LLM(str(model_dir), dtype="float32").generate(prompt_token_ids=ps, sampling_params=GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == ref
     assert [o.prompt_token_ids for o in outs] == ps
-
-
-CONFIGS = [
-    dict(kv_cache="none"),
-    dict(kv_cache="contiguous"),
-    dict(kv_cache="paged", block_size=16, prefix_cache=None),
-    dict(kv_cache="paged", block_size=1, prefix_cache=None),
-    dict(kv_cache="paged", block_size=7, prefix_cache=None),  # divides none of the prompt lengths
-    dict(block_size=7, prefix_cache="hash"),
-    dict(block_size=4, prefix_cache="radix"),
-    dict(block_size=4, prefix_cache="radix", attention="blockwise"),
-    dict(block_size=3, prefix_cache="hash", attention="blockwise"),
-    dict(block_size=4, max_num_batched_tokens=8),  # chunked prefill, mixed steps
-    dict(block_size=4, num_kv_blocks=16, prefix_cache=None),  # preemption
-    dict(block_size=4, num_kv_blocks=16, prefix_cache="hash"),  # preemption + eviction
-    dict(block_size=4, num_kv_blocks=16, prefix_cache="radix"),
-    dict(scheduler="static", max_num_seqs=2),
-    dict(scheduler_policy="lpm", prefix_cache="radix", block_size=4),
-    dict(max_num_seqs=2, block_size=4, max_num_batched_tokens=5, attention="blockwise"),
-]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from nano_infer import LLM, LLMEngine, SamplingParams
 from nano_infer.models.attention import AttentionMetadata, SeqSlice, make_backend
-from test_parity import MAX_NEW, prompts
+from tests.helpers.parity import MAX_NEW, prompts
 
 
 def hf(model_dir, dtype, device):

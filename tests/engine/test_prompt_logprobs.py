@@ -1,38 +1,12 @@
 """Prompt logprobs (SamplingParams.prompt_logprobs): transformers' log_softmax of the prompt, in float32,
 for each model family and the shipped model, in every cache and scheduling configuration."""
 import pytest
-import torch
 
-from model_factory import hf_model
 from nano_infer import LLM, SamplingParams, default_model
-from test_parity import CONFIGS, prompts, reference
+from tests.helpers.parity import CONFIGS, GREEDY, MAX_NEW, prompts, reference
+from tests.helpers.prompt_scores import K, hf_scores, score_error
 
-ATOL = 1e-4
-K = 3
-MAX_NEW = 24  # test_parity's reference length
-GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
 SCORED = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, prompt_logprobs=K)
-
-
-def hf_scores(model_dir, token_lists) -> list[torch.Tensor]:
-    """transformers' log_softmax at every prompt position: row p scores token p + 1."""
-    hf = hf_model(model_dir)
-    with torch.no_grad():
-        return [hf(torch.tensor([p])).logits[0].float().log_softmax(-1)[:-1] for p in token_lists]
-
-
-def score_error(scores, prompt: list[int], want: torch.Tensor, k: int = K) -> float:
-    """Check one request's prompt logprobs against transformers; returns the largest difference."""
-    assert len(scores) == len(prompt) and scores[0] is None
-    worst = 0.0
-    for row, token, entry in zip(want, prompt[1:], scores[1:]):
-        top = row.topk(k).indices.tolist()
-        assert set(entry) == set(top) | {token}
-        assert entry[token].rank == int((row > row[token]).sum()) + 1
-        assert [entry[t].rank for t in top] == list(range(1, k + 1))
-        worst = max([worst] + [abs(lp.logprob - row[t].item()) for t, lp in entry.items()])
-    assert worst < ATOL, worst
-    return worst
 
 
 def assert_blocks_free(llm) -> None:

@@ -3,7 +3,7 @@
 Each test runs LLMEngine.step's bookkeeping by hand: schedule, copy blocks, write K/V,
 advance num_computed_tokens, append a token when a sequence reaches its end, finish it
 at its length, offer the computed blocks to the prefix cache. K/V is modelled as in
-test_block_manager: each slot holds the token prefix that produced it, so a sequence
+helpers/block_machine: each slot holds the token prefix that produced it, so a sequence
 that restarts from a wrong cache hit, or reads a block someone overwrote, is caught.
 Output tokens are a fixed function of (request, position), as greedy decoding would be.
 """
@@ -21,7 +21,7 @@ from nano_infer.prefix import make_prefix_cache
 from nano_infer.sampling_params import SamplingParams
 from nano_infer.engine.scheduler import Scheduler
 from nano_infer.engine.sequence import Sequence, SequenceStatus
-from kv_model import apply_block_copies
+from tests.helpers.kv_model import apply_block_copies
 
 
 @dataclass
@@ -160,7 +160,7 @@ class EngineLoop:
         assert all(not seq.block_table for seq in self.scheduler.waiting)
         # block tables, and the prefix cache's own reference on each block it keeps
         assert all(self.bm.ref_count[b] == holders[b] + self.kv.holds(b) for b in range(self.bm.num_blocks))
-        assert len(set(self.bm.free_blocks)) == self.bm.num_free_blocks
+        assert len(set(self.bm.pool.free_blocks)) == self.bm.num_free_blocks
         for seq in self.scheduler.running:
             for pos in range(seq.num_computed_tokens):
                 assert self.pool.get(self.bm.slot(seq, pos)) == tuple(seq.token_ids[: pos + 1]), (
@@ -195,7 +195,7 @@ class EngineLoop:
             assert self.cache.num_cached_blocks() == 0
             if self.w.cache == "radix":
                 assert all(node.lock_ref == 0 for node in self.cache.nodes())
-        assert sorted(self.bm.free_blocks) == list(range(self.bm.num_blocks))
+        assert sorted(self.bm.pool.free_blocks) == list(range(self.bm.num_blocks))
         assert self.bm.ref_count == [0] * self.bm.num_blocks
 
 

@@ -12,7 +12,7 @@ import pytest
 from nano_infer.exercises import load_all
 from nano_infer.exercises.core import chapter_module
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXERCISES = sorted(load_all().values(), key=lambda e: (e.chapter, e.name))
 
 

@@ -1,5 +1,5 @@
 """Planted wrong answers for chapter 03."""
-from nano_infer.prefix.hash_cache import ROOT_HASH, chain_hash
+from nano_infer.prefix.hashing import ROOT_HASH, chain_hash
 
 
 def block_hashes__no_parent_key(token_ids, block_size):

@@ -1,7 +1,7 @@
 """The host tier (stage 12) under random admissions, steps, swaps, forks, aborts and evictions:
 KVManager + BlockManager + HostTier, with a hash cache, a radix tree, or no prefix cache.
 
-Both pools are modelled as dicts, as in test_block_manager: a slot holds what real K/V at that
+Both pools are modelled as dicts, as in helpers/block_machine: a slot holds what real K/V at that
 position depends on, the request's cache salt and every token up to it. The copies between the
 tiers are applied to the dicts the way the engine runs them before a forward pass (BlockSwap):
 device -> host first, then the copy-on-write copies, then host -> device. So a block
@@ -16,20 +16,21 @@ sequence scheduled in the phase is neither preempted, forked nor finished before
 """
 from collections import Counter
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kv_model import copy_blocks
 from nano_infer.kv import BlockManager
 from nano_infer.kv.cost import CostModel
 from nano_infer.kv.host_tier import HostTier
 from nano_infer.kv.manager import KVManager
 from nano_infer.prefix import make_prefix_cache
-from nano_infer.prefix.hash_cache import chain_hash, root_hash
+from nano_infer.prefix.hashing import chain_hash, root_hash
 from nano_infer.sampling_params import SamplingParams
 from nano_infer.engine.sequence import Sequence
 from nano_infer.utils import cdiv
+from tests.helpers.kv_model import copy_blocks
 
 TOKENS = st.integers(0, 2)  # a small alphabet, so prompts share prefixes and blocks
 # prompts share prefixes, as chats share a system prompt: the blocks evicted from one come back for another
@@ -44,6 +45,12 @@ PARAMS = {salt: SamplingParams(max_tokens=None, cache_salt=salt) for salt in (No
 def pending_loads(tier: HostTier) -> dict[int, int]:
     """device block -> host block of the loads and swap-ins queued."""
     return {d: h for d, (h, _) in tier.pending_in.items()}
+
+
+def swapped_blocks(tier: HostTier, seq: Sequence) -> list[int]:
+    """The host blocks holding a swapped-out sequence's K/V (none when it is not swapped out)."""
+    swapped = tier.swapped.get(seq.seq_id)
+    return swapped.blocks if swapped else []
 
 
 def content(seq: Sequence, pos: int):
@@ -78,8 +85,9 @@ class TierMachine(RuleBasedStateMachine):
     def admit(self, seq: Sequence, data) -> None:
         """Scheduler._schedule_waiting for one sequence: acquire (device hit, then host hits loaded
         back, or a swapped sequence as it is), allocate the first chunk, or undo the admission."""
-        swapped = list(seq.swapped_blocks)
-        computed = seq.num_computed_tokens
+        swapped = list(swapped_blocks(self.tier, seq))
+        computed = self.tier.num_swapped_tokens(seq)
+        assert seq.num_computed_tokens == 0 and bool(swapped) == bool(computed)
         hit = self.kv.acquire(seq)
         if swapped:
             assert hit == 0 and seq.block_table == [] and seq.num_computed_tokens == computed
@@ -91,7 +99,7 @@ class TierMachine(RuleBasedStateMachine):
         if self.kv.can_allocate(seq, n):
             self.kv.allocate(seq, n)
             self.kv.record_admission(seq)
-            assert seq.swapped_blocks == []
+            assert swapped_blocks(self.tier, seq) == [] and self.tier.num_swapped_tokens(seq) == 0
             if swapped:
                 assert self.tier.pending_in.keys() >= set(seq.block_table[: len(swapped)])
                 assert [pending_loads(self.tier)[b] for b in seq.block_table[: len(swapped)]] == swapped
@@ -99,9 +107,9 @@ class TierMachine(RuleBasedStateMachine):
             self.scheduled[seq] = (n, 0)
         else:  # Scheduler._undo_admission: loads cancelled, a swapped sequence keeps its host blocks
             self.kv.free(seq)
-            assert seq.block_table == [] and seq.swapped_blocks == swapped
-            if not swapped:
-                seq.num_computed_tokens = 0
+            assert seq.block_table == [] and swapped_blocks(self.tier, seq) == swapped
+            assert self.tier.num_swapped_tokens(seq) == computed
+            seq.num_computed_tokens = 0
             assert all(self.bm.ref_count[d] for d in self.tier.pending_in), "a load into a freed block"
             self.waiting.append(seq)
 
@@ -125,7 +133,7 @@ class TierMachine(RuleBasedStateMachine):
 
     def drop(self, seq: Sequence) -> None:
         self.kv.finish(seq)
-        assert seq.block_table == [] and seq.swapped_blocks == []
+        assert seq.block_table == [] and swapped_blocks(self.tier, seq) == []
         (self.running if seq in self.running else self.waiting).remove(seq)
 
     # -- rules -----------------------------------------------------------------------------------
@@ -220,14 +228,15 @@ class TierMachine(RuleBasedStateMachine):
         computed, table = seq.num_computed_tokens, list(seq.block_table)
         if swap and self.kv.swap_out(seq):
             assert seq.block_table == [] and seq.num_computed_tokens == computed
-            assert len(seq.swapped_blocks) == cdiv(computed, self.bs)
-            for h, d in zip(seq.swapped_blocks, table):  # copied from its own block, or a cached block already out
+            assert self.tier.num_swapped_tokens(seq) == computed
+            assert len(swapped_blocks(self.tier, seq)) == cdiv(computed, self.bs)
+            for h, d in zip(swapped_blocks(self.tier, seq), table):  # copied from its own block, or a cached block already out
                 assert self.tier.pending_out.get(h, (d, True)) == (d, True) and (
                     h in self.tier.pending_out or h in self.tier.block_key)
         else:
             assert seq.block_table == table, "a refused swap changed the sequence"
             self.kv.free(seq)
-            seq.num_computed_tokens = 0
+        seq.num_computed_tokens = 0  # re-admission starts it past what the caches (and the swap) hold
         seq.num_preemptions += 1
         self.running.remove(seq)
         self.waiting.append(seq)
@@ -241,7 +250,9 @@ class TierMachine(RuleBasedStateMachine):
                          token_ids=list(parent.token_ids))
         child.num_computed_tokens = parent.num_computed_tokens
         self.kv.fork(parent, child)
-        assert child.block_table == parent.block_table and child.swapped_blocks == parent.swapped_blocks
+        assert child.block_table == parent.block_table
+        assert swapped_blocks(self.tier, child) == swapped_blocks(self.tier, parent)
+        assert self.tier.num_swapped_tokens(child) == self.tier.num_swapped_tokens(parent)
         self.seen.append(child)
         (self.running if parent in self.running else self.waiting).append(child)
 
@@ -263,7 +274,7 @@ class TierMachine(RuleBasedStateMachine):
     # -- invariants ------------------------------------------------------------------------------
     @invariant()
     def device_blocks_are_free_or_held(self):
-        free = list(self.bm.free_blocks)
+        free = list(self.bm.pool.free_blocks)
         assert len(free) == len(set(free)), "a device block is on the free list twice"
         holders = Counter()
         for seq in self.running + self.waiting:
@@ -279,13 +290,15 @@ class TierMachine(RuleBasedStateMachine):
     @invariant()
     def host_blocks_are_free_or_held(self):
         t = self.tier
-        free = list(t.free_blocks)
+        free = list(t.pool.free_blocks)
         assert len(free) == len(set(free)), "a host block is on the free list twice"
         holders = Counter(t.releases)  # loads (and swap-ins) whose copies are not taken yet
         for seq in self.running + self.waiting:
-            assert len(seq.swapped_blocks) == len(set(seq.swapped_blocks)), "a sequence lists a host block twice"
-            holders.update(seq.swapped_blocks)
-            assert not (seq.swapped_blocks and seq.block_table), "swapped out and on the device at once"
+            host_blocks = swapped_blocks(t, seq)
+            assert len(host_blocks) == len(set(host_blocks)), "a sequence lists a host block twice"
+            holders.update(host_blocks)
+            assert not (host_blocks and seq.block_table), "swapped out and on the device at once"
+        assert set(t.swapped) <= {s.seq_id for s in self.waiting}, "the tier keeps a sequence that is not out"
         indexed = set(t.index.values())
         assert len(indexed) == len(t.index) == len(t.block_key) == len(t.lru) and indexed == set(t.lru)
         for h in range(t.num_blocks):
@@ -305,14 +318,14 @@ class TierMachine(RuleBasedStateMachine):
                 assert device.get(self.bm.slot(seq, pos)) == content(seq, pos), (
                     f"seq {seq.seq_id} reads wrong K/V at position {pos}")
         for seq in self.waiting:
-            if seq.swapped_blocks:  # its K/V waits in the host tier, whole
-                assert len(seq.swapped_blocks) == cdiv(seq.num_computed_tokens, self.bs)
-                for pos in range(seq.num_computed_tokens):
-                    slot = seq.swapped_blocks[pos // self.bs] * self.bs + pos % self.bs
+            assert seq.num_computed_tokens == 0
+            host_blocks, computed = swapped_blocks(self.tier, seq), self.tier.num_swapped_tokens(seq)
+            if host_blocks:  # its K/V waits in the host tier, whole
+                assert len(host_blocks) == cdiv(computed, self.bs)
+                for pos in range(computed):
+                    slot = host_blocks[pos // self.bs] * self.bs + pos % self.bs
                     assert host.get(slot) == content(seq, pos), (
                         f"swapped seq {seq.seq_id} has wrong K/V at position {pos} in the host tier")
-            else:
-                assert seq.num_computed_tokens == 0
 
     @invariant()
     def the_host_index_holds_what_its_keys_say(self):
@@ -344,10 +357,10 @@ class TierMachine(RuleBasedStateMachine):
         self.run_copies()  # the last loads' references end when their copies are taken
         self.kv.clear()
         t = self.tier
-        assert sorted(self.bm.free_blocks) == list(range(self.bm.num_blocks)) and not any(self.bm.ref_count)
-        assert sorted(t.free_blocks) == list(range(t.num_blocks)) and not any(t.ref_count), "host blocks leaked"
+        assert sorted(self.bm.pool.free_blocks) == list(range(self.bm.num_blocks)) and not any(self.bm.ref_count)
+        assert sorted(t.pool.free_blocks) == list(range(t.num_blocks)) and not any(t.ref_count), "host blocks leaked"
         assert t.num_free_blocks == t.num_blocks
-        assert not t.index and not t.lru and not t.block_key and not self.kv.block_keys
+        assert not t.index and not t.lru and not t.block_key and not self.kv.block_keys and not t.swapped
         if self.cache is not None:
             assert self.cache.num_cached_blocks() == 0
 
@@ -365,11 +378,11 @@ class RadixCacheTierMachine(TierMachine):
 
 
 STATEFUL = settings(max_examples=150, stateful_step_count=50, deadline=None)
-TestTierNoCache = NoCacheTierMachine.TestCase
+TestTierNoCache = pytest.mark.slow(NoCacheTierMachine.TestCase)
 TestTierNoCache.settings = STATEFUL
-TestTierHashCache = HashCacheTierMachine.TestCase
+TestTierHashCache = pytest.mark.slow(HashCacheTierMachine.TestCase)
 TestTierHashCache.settings = STATEFUL
-TestTierRadixCache = RadixCacheTierMachine.TestCase
+TestTierRadixCache = pytest.mark.slow(RadixCacheTierMachine.TestCase)
 TestTierRadixCache.settings = STATEFUL
 
 
@@ -412,7 +425,7 @@ def test_a_copy_on_write_source_taken_for_a_swap_in_in_the_same_step_is_copied_b
     run_step(sched, kv, device, host, bs)
     sched.running.remove(swapped)
     sched._preempt(swapped)  # what _schedule_running does to its victim: swapped out (the mode is "swap")
-    assert swapped.swapped_blocks
+    assert kv.tier.num_swapped_tokens(swapped)
     again = Sequence("a2", prompt, PARAMS[None])  # the longest cached prefix: scheduled first (LPM)
     sched.add(again)
     out = run_step(sched, kv, device, host, bs)

@@ -4,10 +4,10 @@ import re
 
 import httpx
 
-from engine_checks import serving
 from nano_infer import LLM, SamplingParams
 from nano_infer.cli.engine_args import add_engine_args, engine_kwargs
 from nano_infer.serving.metrics import EngineMetrics
+from tests.helpers.engine_checks import serving
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 BS = 4

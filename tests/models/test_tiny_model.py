@@ -7,7 +7,6 @@ the model is really trained (far below a unigram model).
 """
 import json
 import os
-from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -15,18 +14,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import nano_infer  # noqa: E402
+from tests.helpers.checkpoints import MESSAGES, TINY  # noqa: E402
 
-# TINY_MODEL_DIR checks a freshly built model (make_tiny_model.py --out DIR) before it ships.
-TINY = Path(os.environ.get("TINY_MODEL_DIR") or Path(nano_infer.__file__).parent / "models" / "tiny")
 FILES = ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
          "tokenizer_config.json", "README.md", "eval.json", "heldout_sample.jsonl"]
 REL_TOL = 1e-3   # eval.json's sample loss vs. recomputed here (float32 summation order only)
-
-MESSAGES = [
-    {"role": "system", "content": "You are HAMLET in Hamlet. Stay in character and answer in Shakespeare's words."},
-    {"role": "user", "content": "HORATIO: My lord, I came to see your father's funeral."},
-]
 
 
 @pytest.fixture(scope="module")

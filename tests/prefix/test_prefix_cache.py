@@ -100,8 +100,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def offer(self, seq: Sequence) -> None:
         """cache_computed: the sequence's full computed blocks, each cached unless its prefix already is.
 
-        The hash cache offers each block once per admission (it remembers the chain in
-        seq.block_hashes); the radix tree re-walks the whole path.
+        The hash cache offers each block once per admission (seq.prefix_handle counts those
+        offered); the radix tree re-walks the whole path.
         """
         num_full = min(seq.num_computed_tokens // self.bs, len(seq.block_table))
         start = self.offered.get(seq, 0) if self.kind == "hash" else 0
@@ -244,7 +244,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def blocks_are_free_referenced_or_cached(self):
         holders = Counter(b for seq in self.seqs for b in seq.block_table)
-        free = list(self.bm.free_blocks)
+        free = list(self.bm.pool.free_blocks)
         assert len(free) == len(set(free))
         for block in range(self.bm.num_blocks):
             assert self.bm.ref_count[block] == holders[block] + self.cache.holds(block)
@@ -282,7 +282,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.kv.clear()
         self.read_log()
         assert self.cached == {} and self.cache.num_cached_blocks() == 0
-        assert sorted(self.bm.free_blocks) == list(range(self.bm.num_blocks))
+        assert sorted(self.bm.pool.free_blocks) == list(range(self.bm.num_blocks))
         assert self.bm.ref_count == [0] * self.bm.num_blocks
         if self.kind == "radix":
             assert self.cache.root.children == {} and self.cache.num_evictable_blocks() == 0

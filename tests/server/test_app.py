@@ -18,7 +18,7 @@ from nano_infer.constrained import ByteDFA, json_schema_to_regex
 from nano_infer.server import BackgroundServer
 from nano_infer.server.app import sampling_params_from
 from nano_infer.server.protocol import CompletionBody
-from engine_checks import assert_idle_and_blocks_free, record_aborts
+from tests.helpers.engine_checks import assert_idle_and_blocks_free, record_aborts
 
 CHAT = [{"role": "user", "content": "To be, or not to be?"}]
 
@@ -263,6 +263,7 @@ def test_response_format_json_schema_constrains_the_reply(client, model):
     assert whole.choices[0].finish_reason == "stop"
 
 
+@pytest.mark.slow
 def test_response_format_json_object_gives_an_object(client, model):
     """Any JSON object: the random-weight model may not close it within max_tokens, but what it writes is one."""
     reply = client.chat.completions.create(model=model, messages=CHAT, max_tokens=60, temperature=0,

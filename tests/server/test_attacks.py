@@ -25,13 +25,14 @@ import httpx
 import psutil
 import pytest
 
-from engine_checks import assert_idle_and_blocks_free, free_port, serving, wait_until_serving
 from nano_infer import SamplingParams
 from nano_infer.constrained import ConstraintLimits
 from nano_infer.outputs import RequestOutput
 from nano_infer.server.protocol import JSON_OBJECT
 from nano_infer.server import BackgroundServer, ServerLimits
+from tests.helpers.engine_checks import assert_idle_and_blocks_free, free_port, serving, wait_until_serving
 
+pytestmark = pytest.mark.slow  # live servers under load, one per fixture, and processes killed on purpose
 VICTIM_TOKENS = 48
 MAX_GAP = 2.0  # seconds between two chunks of a victim's stream, or before its first
 COMPILE_TIMEOUT = 3.0

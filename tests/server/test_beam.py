@@ -3,8 +3,8 @@ import httpx
 import openai
 import pytest
 
-from engine_checks import assert_idle_and_blocks_free, serving
 from nano_infer import LLM, BeamSearchParams
+from tests.helpers.engine_checks import assert_idle_and_blocks_free, serving
 
 CHAT = [{"role": "user", "content": "To be, or not to be?"}]
 

@@ -11,13 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_checks import free_port, wait_until_serving
 
 import nano_infer
+from tests.helpers.engine_checks import free_port, wait_until_serving
 
 pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed: `make lm-eval` installs it")
+pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "tests" / "lm_eval_tasks"
 TINY = Path(nano_infer.__file__).parent / "models" / "tiny"
 ATOL = 1e-4  # a choice's log-likelihood, float32 on both sides

@@ -7,10 +7,10 @@ import httpx
 import pytest
 import torch
 
-from engine_checks import assert_idle_and_blocks_free, record_aborts, serving
-from model_factory import hf_model
 from nano_infer import LLM, SamplingParams
 from nano_infer.server.protocol import MAX_CHOICES
+from tests.helpers.engine_checks import assert_idle_and_blocks_free, record_aborts, serving
+from tests.helpers.model_factory import hf_model
 
 ATOL = 1e-4
 TEXTS = ["To be, or not to be", "The quick brown fox", "你好，世界！", "def f(x): return"]

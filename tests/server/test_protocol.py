@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from nano_infer import LLM, SamplingParams
-from engine_checks import serving
+from tests.helpers.engine_checks import serving
 
 CHAT = [{"role": "user", "content": "To be, or not to be?"}]
 

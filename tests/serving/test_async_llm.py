@@ -5,12 +5,9 @@ import threading
 
 import pytest
 
-from nano_infer import LLM, CompletionOutput, RequestOutput, SamplingParams
+from nano_infer import LLM, SamplingParams
 from nano_infer.serving.async_llm import AsyncLLM
-from nano_infer.serving.streams import Deltas
-from nano_infer.text.byte_level import gpt2_unicode_to_byte
-from nano_infer.text.detokenizer import IncrementalDetokenizer
-from engine_checks import assert_idle_and_blocks_free, record_aborts
+from tests.helpers.engine_checks import assert_idle_and_blocks_free, record_aborts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 MESSAGES = [{"role": "user", "content": "To be, or not to be?"}]
@@ -214,34 +211,6 @@ def test_shutdown_ends_running_requests_and_refuses_new_ones(qwen2_dir):
     assert not llm.is_running and not llm.engine.requests
 
 
-def test_deltas_hold_back_a_possible_stop_string():
-    deltas = Deltas(SamplingParams(stop=["wor"]))
-
-    def cumulative(text, tokens, reason=None):
-        return RequestOutput("r", None, [1], [CompletionOutput(0, text, tokens, reason)], reason is not None)
-
-    sent = [deltas.next(cumulative("He", [1])), deltas.next(cumulative("Hello w", [1, 2])),
-            deltas.next(cumulative("Hello w", [1, 2])), deltas.next(cumulative("Hello wo", [1, 2, 3])),
-            deltas.next(cumulative("Hello ", [1, 2, 3, 4], "stop"))]
-    assert [o.outputs[0].text if o else None for o in sent] == ["", "Hello", None, " ", ""]
-    assert [o.outputs[0].token_ids if o else None for o in sent] == [[1], [2], None, [3], [4]]
-    assert sent[-1].finished and sent[-1].outputs[0].finish_reason == "stop"
-
-
-def test_incremental_detokenizer_never_splits_a_character(tokenizer):
-    to_byte_token = {b: tokenizer.convert_tokens_to_ids(c) for c, b in gpt2_unicode_to_byte().items()}
-    for text in ["To be, or not to be", "你好，世界！", "🙂🚀 café naïve", "mixed 你好 🙂 end"]:
-        merged = tokenizer.encode(text, add_special_tokens=False)
-        one_byte_each = [to_byte_token[b] for b in text.encode("utf-8")]
-        for ids in (merged, one_byte_each):
-            detok = IncrementalDetokenizer(tokenizer)
-            deltas = [detok.add(t) for t in ids] + [detok.flush()]
-            assert all("\ufffd" not in d for d in deltas)
-            assert "".join(deltas) == text == tokenizer.decode(ids)
-        if text != text.encode("ascii", "ignore").decode():
-            assert len(one_byte_each) > len(text)  # characters really were split across tokens
-
-
 def test_a_constraint_is_compiled_in_a_worker_process(allm, monkeypatch):
     """Compiling a regex into a token index can take seconds: it must not run in the process that steps every
     stream. A bad constraint still reaches only its caller, as a ValueError."""
@@ -258,27 +227,3 @@ def test_a_constraint_is_compiled_in_a_worker_process(allm, monkeypatch):
         asyncio.run(collect(allm, "x", SamplingParams(regex=r"a[^\s\S]")))
     assert asyncio.run(collect(allm, "x", params))[0] == texts  # cached now, same reply
     assert_all_blocks_free(allm)
-
-
-def test_requests_held_by_the_share_run_when_the_engine_empties(qwen2_dir):
-    """One tenant, share max_num_seqs // 2 = 2: the other requests wait for admission. When the admitted
-    ones finish in the same step the engine is empty, and the waiting ones must still be let in (and
-    beam requests, which take n seats each, too)."""
-    from nano_infer import BeamSearchParams
-
-    llm = AsyncLLM(str(qwen2_dir), dtype="float32", block_size=4, max_num_seqs=4)
-
-    async def one(params):
-        return [out async for out in llm.generate([5, 6, 7], params, stream=False, tenant="t")][-1]
-
-    async def all_of_them():
-        greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-        return await asyncio.wait_for(asyncio.gather(*[one(greedy) for _ in range(6)],
-                                                     *[one(BeamSearchParams(2, 3)) for _ in range(3)]), 60)
-
-    try:
-        outs = asyncio.run(all_of_them())
-        assert all(o.finished for o in outs) and [len(o.outputs) for o in outs] == [1] * 6 + [2] * 3
-        assert_idle_and_blocks_free(llm.engine)
-    finally:
-        llm.shutdown()

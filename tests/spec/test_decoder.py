@@ -6,11 +6,11 @@ import shutil
 
 import pytest
 
-from engine_checks import assert_idle_and_blocks_free
-from model_factory import make_model_dir
 from nano_infer import LLM, SamplingParams
 from nano_infer.models.loader import TINY_MODEL_DIR
-from test_parity import GREEDY, prompts, reference
+from tests.helpers.engine_checks import assert_idle_and_blocks_free
+from tests.helpers.model_factory import make_model_dir
+from tests.helpers.parity import GREEDY, prompts, reference
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
@@ -35,7 +35,7 @@ def spec_configs(qwen2_dir, other_draft):
     }
 
 
-# each engine configuration of test_parity that keeps a KV cache, with the proposer that exercises it
+# each engine configuration of the parity CONFIGS that keeps a KV cache, with the proposer that exercises it
 # most (the random draft rejects nearly everything: rollback on every step)
 CASES = [
     (dict(kv_cache="contiguous"), "ngram"),
@@ -67,7 +67,7 @@ def check_blocks(engine) -> None:
         for b in seq.block_table:
             holders[b] += 1
     assert holders == kv.ref_count
-    assert not set(kv.blocks.free_blocks) & {b for b, r in enumerate(kv.ref_count) if r}
+    assert not set(kv.blocks.pool.free_blocks) & {b for b, r in enumerate(kv.ref_count) if r}
 
 
 def drain_checked(engine) -> dict:

@@ -1,4 +1,4 @@
-"""Speculative decoding's KV rollback, on the BlockManager state machine of test_block_manager.
+"""Speculative decoding's KV rollback, on the BlockManager state machine of tests/helpers/block_machine.py.
 
 A verify step allocates slots for the last token and k proposals, writes K/V for all of them,
 keeps an accepted prefix plus one token and truncates the block table. The machine's pool model
@@ -9,8 +9,8 @@ hit) reading back a history that is not its own.
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from kv_model import apply_block_copies
-from test_block_manager import STATEFUL, TOKENS, PooledMachine, blocks_for
+from tests.helpers.block_machine import STATEFUL, TOKENS, PooledMachine, blocks_for
+from tests.helpers.kv_model import apply_block_copies
 
 
 class SpecMachine(PooledMachine):

@@ -17,7 +17,8 @@ def test_frames_carry_each_state_and_the_slider_names_them():
     fig = stepper(_bars, 3, "step", labels=["x", "y", "z"])
     assert [list(f.data[0].y) for f in fig.frames] == [[0, 0], [1, 2], [2, 4]]
     assert [f.layout.title.text for f in fig.frames] == ["state 0", "state 1", "state 2"]
-    assert [len(f.layout.annotations) for f in fig.frames] == [0, 1, 0]  # state 2 clears state 1's note
+    # every state lists as many notes (plotly.js merges them item by item); state 2 hides state 1's
+    assert [[a.text for a in f.layout.annotations if a.visible] for f in fig.frames] == [[], ["here"], []]
     steps = fig.layout.sliders[0].steps
     assert [s.label for s in steps] == ["x", "y", "z"]
     assert [list(s.args[0]) for s in steps] == [[f.name] for f in fig.frames]

@@ -1,0 +1,241 @@
+"""Weights held as 4- or 8-bit integers, and the layers that multiply by them as stored.
+
+Decode at one sequence reads every weight once per token, so its time follows the bytes: a
+4-bit weight with one scale and zero per 32 is ~4.5 bits against bfloat16's 16. llama.cpp's
+Q4_0 / Q4_1 / Q4_K blocks are such groups (w = d * q + m, q in 0..15, 32 weights per (d, m)), so
+they map exactly onto torch's group-wise int4 kernel, which computes (q - 8) * scale + zero:
+scale = d, zero = m + 8d. Unpacking a block is reordering nibbles, not rounding.
+
+torch's CPU int4 and int8 kernels are vectorized for bfloat16 activations only (float32 runs a
+scalar loop, ~10x slower than a float32 matmul), and they re-read the weights for every 4 rows:
+a win for one row, even at 4, slower than a dense matmul from 8 rows up.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+GROUP = 32  # weights per scale (and zero): llama.cpp's block of Q4_0, Q4_1, Q8_0 and Q4_K's sub-blocks
+
+
+@dataclass
+class Int4Weight:
+    """w = d * q + m per group of 32 along the input: q uint8 [N, K] in 0..15, d and m float32 [N, K / 32]."""
+    q: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+
+    @staticmethod
+    def cat(parts: list[Int4Weight]) -> Int4Weight:
+        """Rows end to end: the fused qkv / gate_up weight from its parts (a group never spans two rows)."""
+        return Int4Weight(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "d", "m")))
+
+    @staticmethod
+    def quantize(w: torch.Tensor) -> Int4Weight:
+        """Round a float weight to 16 levels between each group's min and max (Q4_1's rule)."""
+        g = w.float().view(w.shape[0], -1, GROUP)
+        lo, hi = g.amin(-1), g.amax(-1)
+        d = (hi - lo) / 15
+        q = ((g - lo.unsqueeze(-1)) / d.clamp_min(1e-12).unsqueeze(-1)).round().clamp(0, 15)
+        return Int4Weight(q.to(torch.uint8).view(w.shape), d, lo)
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        q, d, m = (self.q, self.d, self.m) if rows is None else (self.q[rows], self.d[rows], self.m[rows])
+        return (q.view(q.shape[0], -1, GROUP).float() * d.unsqueeze(-1) + m.unsqueeze(-1)).view(q.shape)
+
+
+@dataclass
+class RowInt8Weight:
+    """w = scale * q with one scale per output row: q int8 [N, K], scale float32 [N] (torch's int8 kernel's form)."""
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    @staticmethod
+    def quantize(w: torch.Tensor) -> RowInt8Weight:
+        scale = w.float().abs().amax(dim=1).clamp_min(1e-12) / 127
+        return RowInt8Weight((w.float() / scale.unsqueeze(1)).round().clamp(-127, 127).to(torch.int8), scale)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.q.float() * self.scale.unsqueeze(1)
+
+
+@dataclass
+class Int8Weight:
+    """w = d * q per group of 32: q int8 [N, K], d float32 [N, K / 32] (llama.cpp's Q8_0)."""
+    q: torch.Tensor
+    d: torch.Tensor
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        q, d = (self.q, self.d) if rows is None else (self.q[rows], self.d[rows])
+        return (q.view(q.shape[0], -1, GROUP).float() * d.unsqueeze(-1)).view(q.shape)
+
+
+def _nibbles(qs: np.ndarray) -> torch.Tensor:
+    """[..., 16] bytes -> [..., 32] values: the low nibbles are weights 0-15, the high ones 16-31."""
+    qs = torch.from_numpy(np.ascontiguousarray(qs))
+    return torch.cat([qs & 15, qs >> 4], dim=-1)
+
+
+def _f16(b: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(b).view(np.float16)).float().squeeze(-1)
+
+
+def unpack_q4_0(raw: np.ndarray) -> Int4Weight:
+    """Q4_0 rows [N, K / 32 * 18 bytes] (fp16 d, 16 bytes of nibbles): w = d * (q - 8)."""
+    b = raw.reshape(raw.shape[0], -1, 18)
+    d = _f16(b[..., :2])
+    return Int4Weight(_nibbles(b[..., 2:]).view(raw.shape[0], -1), d, -8 * d)
+
+
+def unpack_q4_1(raw: np.ndarray) -> Int4Weight:
+    """Q4_1 rows [N, K / 32 * 20 bytes] (fp16 d, fp16 m, 16 bytes of nibbles): w = d * q + m."""
+    b = raw.reshape(raw.shape[0], -1, 20)
+    return Int4Weight(_nibbles(b[..., 4:]).view(raw.shape[0], -1), _f16(b[..., :2]), _f16(b[..., 2:4]))
+
+
+def unpack_q4_k(raw: np.ndarray) -> Int4Weight:
+    """Q4_K rows: super-blocks of 256 (fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
+    nibbles) = 8 groups of 32 with w = d * sc * q - dmin * mn; each 32 bytes of nibbles hold two groups."""
+    n = raw.shape[0]
+    b = raw.reshape(n, -1, 144)
+    d, dmin = _f16(b[..., :2]).unsqueeze(-1), _f16(b[..., 2:4]).unsqueeze(-1)
+    s = torch.from_numpy(np.ascontiguousarray(b[..., 4:16])).view(n, -1, 3, 4)
+    lo, hi, mix = s[:, :, 0], s[:, :, 1], s[:, :, 2]
+    sc = torch.cat([lo & 63, (mix & 15) | ((lo >> 2) & 48)], dim=-1).float()
+    mn = torch.cat([hi & 63, (mix >> 4) | ((hi >> 2) & 48)], dim=-1).float()
+    qs = torch.from_numpy(np.ascontiguousarray(b[..., 16:])).view(n, -1, 4, 1, 32)
+    q = torch.cat([qs & 15, qs >> 4], dim=3)  # [n, super-blocks, 4, 2 groups, 32]
+    return Int4Weight(q.reshape(n, -1), (d * sc).view(n, -1), (-dmin * mn).view(n, -1))
+
+
+def unpack_q8_0(raw: np.ndarray) -> Int8Weight:
+    """Q8_0 rows [N, K / 32 * 34 bytes] (fp16 d, 32 int8): w = d * q."""
+    b = raw.reshape(raw.shape[0], -1, 34)
+    q = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8))
+    return Int8Weight(q.reshape(raw.shape[0], -1), _f16(b[..., :2]))
+
+
+UNPACK = {"Q4_0": unpack_q4_0, "Q4_1": unpack_q4_1, "Q4_K": unpack_q4_k, "Q8_0": unpack_q8_0}
+
+
+class Int4Linear(nn.Module):
+    """`x @ w.T + bias` through torch's group-wise int4 kernel, w never expanded to floats.
+
+    The kernel takes the scale and zero in the activations' dtype: exact in float32; in bfloat16
+    each d and m + 8d is rounded to 8 significant bits (a float16 d has 11).
+    """
+
+    def __init__(self, w: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        n, k = w.q.shape
+        if k % GROUP or n % 16:
+            raise ValueError(f"an int4 weight of shape {(n, k)} needs in_features % {GROUP} == 0 and out_features % 16 == 0")
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.q.to(torch.int32), 1)
+        scales_and_zeros = torch.stack([w.d, w.m + 8 * w.d], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        self.register_buffer("packed", packed, persistent=False)  # [N, K / 2] in the kernel's own order
+        self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)  # [K / 32, N, 2]
+        self.register_buffer("bias", None if bias is None else bias.to(dtype), persistent=False)
+        self.in_features, self.out_features = k, n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features), self.packed, GROUP,
+                                                         self.scales_and_zeros)
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+
+class Int8Linear(nn.Module):
+    """`x @ w.T + bias` with w as int8 and one scale per output row (torch's `_weight_int8pack_mm`)."""
+
+    def __init__(self, w: RowInt8Weight, bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("q", w.q, persistent=False)
+        self.register_buffer("scale", w.scale.to(dtype), persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.to(dtype), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.q, self.scale)
+        out = out.view(*x.shape[:-1], self.q.shape[0])
+        return out if self.bias is None else out + self.bias
+
+
+class QuantEmbedding(nn.Module):
+    """An embedding table kept as stored (Q8_0 or 4-bit): a lookup dequantizes only the rows it reads."""
+
+    def __init__(self, w: Int4Weight | Int8Weight, dtype: torch.dtype):
+        super().__init__()
+        self.w, self.dtype = w, dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.w.dequantize(input_ids).to(self.dtype)
+
+
+def quantize_weight(w: torch.Tensor, mode: str) -> Int4Weight | RowInt8Weight:
+    """A float weight read from safetensors, quantized at load: int4 in groups of 32 or int8 per row."""
+    if mode == "int4" and w.shape[1] % GROUP == 0 and w.shape[0] % 16 == 0:
+        return Int4Weight.quantize(w)
+    return RowInt8Weight.quantize(w)
+
+
+def resolve_quantization(quantization: str | None, gguf_file: str | None, device: torch.device,
+                         dtype: torch.dtype) -> tuple[str, str]:
+    """(mode, why): "gguf" (a GGUF file's tensors as stored), "int8" / "int4" (quantized at load) or "none".
+
+    A GGUF file is dequantized unless asked for "gguf": torch's CPU int4 kernel wins at one to four
+    rows and loses from eight up (a prefill chunk, a batch), and in float32 it is a scalar loop.
+    """
+    if quantization in ("gguf", "int8", "int4") and device.type != "cpu":
+        raise ValueError(f"quantization={quantization!r} runs torch's CPU int4/int8 kernels, and device is "
+                         f"{device.type!r}: use quantization='none' (GGUF files are then dequantized)")
+    if quantization in (None, "none"):
+        return "none", "dequantized (quantization='gguf' runs it as stored)" if gguf_file else ""
+    return quantization, "asked for"
+
+
+def install_quantized(model: nn.Module, state: dict, dtype: torch.dtype) -> Counter:
+    """Swap in a quantized layer for every quantized weight of `state` (taking it and its bias out of `state`);
+    a weight with no kernel here (a Q8_0 linear weight) goes back into `state` dequantized. Returns what went where."""
+    held = Counter()
+    for name in [n for n, w in state.items() if not isinstance(w, torch.Tensor)]:
+        w, path = state.pop(name), name.removesuffix(".weight")
+        parent, leaf = model.get_submodule(path.rpartition(".")[0]) if "." in path else model, path.rpartition(".")[2]
+        if name == "embed_tokens.weight":
+            model.embed_tokens = QuantEmbedding(w, dtype)
+            held["embedding kept as stored"] += 1
+            if model.tie_word_embeddings and isinstance(w, Int4Weight):  # the logits' matmul on the same blocks
+                model.lm_head = Int4Linear(w, None, dtype)
+            elif model.tie_word_embeddings:  # Q8_0: no exact kernel; a copy in `dtype` for the logits
+                model.lm_head = nn.Linear(w.q.shape[1], w.q.shape[0], bias=False, device="meta")
+                state["lm_head.weight"] = w.dequantize().to(dtype)
+                held["logits through a dequantized copy"] += 1
+            continue
+        if isinstance(w, Int8Weight):
+            state[name] = w.dequantize().to(dtype)
+            held["Q8_0 dequantized"] += 1
+            continue
+        bias = state.pop(path + ".bias", None)
+        setattr(parent, leaf, Int4Linear(w, bias, dtype) if isinstance(w, Int4Weight) else Int8Linear(w, bias, dtype))
+        held["int4 (group 32)" if isinstance(w, Int4Weight) else "int8 (per row)"] += 1
+    return held
+
+
+def describe_weights(mode: str, why: str, held: Counter, dequantized: Counter, dtype: torch.dtype) -> str:
+    """The startup line's words on how the weights are held."""
+    name = str(dtype).removeprefix("torch.")
+    if mode == "none":
+        return why and f"weights dequantized to {name} ({why})"
+    parts = [f"{n} linear layers {kind}" if kind.startswith("int") else f"{kind}" + (f" x{n}" if n > 1 else "")
+             for kind, n in held.items()]
+    parts += [f"{n} {kind} tensors dequantized (no exact int4 form)" for kind, n in dequantized.items()]
+    how = "as stored" if mode == "gguf" else "quantized at load"
+    return f"weights {how} ({why}): " + ", ".join(parts)
+
+
+def int4_identity_dequantize(layer: Int4Linear, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weight exactly as the kernel sees it: the identity matrix multiplied through it ([N, K])."""
+    eye = torch.eye(layer.in_features, dtype=dtype)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, layer.packed, GROUP, layer.scales_and_zeros.to(dtype)).T

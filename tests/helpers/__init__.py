@@ -1,0 +1,1 @@
+"""What several test files share: model factories, the parity oracle, state machines, checks; test files import only from here."""
