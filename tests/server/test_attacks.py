@@ -551,7 +551,7 @@ def test_16_smaller_holes(tenants):
     named = as_attacker(server.url, "/v1/chat/completions", chat(messages=[{"role": "user", "content": "x", "name": "a"}]))
     assert named.status_code == 400 and "name" in named.json()["error"]["message"], named.text
     with httpx.Client(headers={"authorization": f"Bearer {ATTACKER}"}) as c:
-        with c.stream("POST", server.url + "/v1/chat/completions", json={**chat(), "stream": True, "stream_options": {
+        with c.stream("POST", server.url + "/v1/chat/completions", json={**chat(ignore_eos=True), "stream": True, "stream_options": {
                 "continuous_usage_stats": True}}) as r:
             chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert chunks and all("usage" in c for c in chunks)
