@@ -32,6 +32,7 @@ from ..distributed import driver_shard, start_workers
 from ..kv.offload import BlockSwap, KVOffloader
 from ..kv.paged import kv_bytes_per_token
 from ..kv.sizing import make_kv_cache
+from .logits_processors import resolve_token_rules
 from .memory import StepRecorder
 from .model_runner import ModelRunner
 from .plugin import EnginePlugin, StepContext
@@ -165,6 +166,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         prompt_token_ids = list(self.encode(prompt) if prompt_token_ids is None else prompt_token_ids)
         self._check_lengths(prompt_token_ids, params, beam)
+        params = resolve_token_rules(params, self.tokenizer, self.vocab_size)
         constraint = self._build_constraint(params, constraint_index)
         fork = params.n > 1 and (self.config.kv_cache == "paged" or beam is not None)
         req = Request(request_id, prompt, prompt_token_ids, params, [], RequestMetrics(arrival_time or time.perf_counter()),
@@ -184,11 +186,11 @@ class LLMEngine:
     def _check_lengths(self, prompt_token_ids: list[int], params: SamplingParams, beam=None) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt is empty: it must have at least one token")
+        n_prompt = len(prompt_token_ids)
+        if n_prompt >= self.max_model_len:  # counted before the ids are read: 2 million of them took 6 s
+            raise ValueError(f"prompt has {n_prompt} tokens; the limit is max_model_len - 1 = {self.max_model_len - 1}")
         if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt_token_ids):
             raise ValueError(f"prompt_token_ids must be integers in [0, {self.vocab_size})")
-        n_prompt = len(prompt_token_ids)
-        if n_prompt >= self.max_model_len:
-            raise ValueError(f"prompt has {n_prompt} tokens; the limit is max_model_len - 1 = {self.max_model_len - 1}")
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n_prompt
         if n_prompt + max_tokens > self.max_model_len:
             raise ValueError(
@@ -225,13 +227,17 @@ class LLMEngine:
     def encode(self, prompt: str) -> list[int]:
         """Token ids of a text prompt. A text too long to fit max_model_len in any tokenization is
         refused before tokenizing it (a 20 MB prompt would otherwise take ~40 s and GBs of memory)."""
+        self.check_prompt_chars(prompt)
+        return self.tokenizer.encode(prompt, add_special_tokens=False)
+
+    def check_prompt_chars(self, prompt: str) -> None:
+        """What encode can refuse without tokenizing: not a string, empty, a lone surrogate, too many characters."""
         if not isinstance(prompt, str) or not prompt:
             raise ValueError("prompt must be a non-empty string (or pass prompt_token_ids)")
-        check_utf8(prompt, "prompt")
         if len(prompt) > self.max_prompt_chars:
             raise ValueError(f"prompt has {len(prompt):,} characters: more than max_model_len={self.max_model_len} tokens "
                              f"of this tokenizer can hold (at most {self.max_prompt_chars:,} characters)")
-        return self.tokenizer.encode(prompt, add_special_tokens=False)
+        check_utf8(prompt, "prompt")
 
     @functools.cached_property
     def max_prompt_chars(self) -> int:

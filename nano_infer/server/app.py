@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from dataclasses import replace
@@ -28,6 +29,7 @@ from ..serving.async_llm import AsyncLLM, EngineUnavailable
 from ..beam import BeamSearchParams
 from .beam import beam_search_params
 from ..constrained.compile_pool import CompilePoolBusy, TenantCompilesBusy
+from ..serving.fair_queue import FairQueue, TenantBacklogFull
 from ..serving.metrics import EngineMetrics
 from .protocol import (ChatBody, CompletionBody, ContentPart, ProtocolError, check_reply_size, completion_prompts,
                         max_prompt_tokens, sampling_params)
@@ -39,6 +41,11 @@ from .guard import Drain, _Guard
 from .limits import ServerLimits
 from .render import sse_events, _Render, _whole_reply, whole_reply_bytes
 from .tenants import Tenants
+
+
+SERVER_WORKERS = 2  # threads parsing bodies and rendering whole replies, shared by all tenants in turn
+WORK_BACKLOG = 1024  # bodies and reply slices one tenant may have queued (a request queues one at a time)
+WORK_DUTY = 0.5  # a tenant keeps a worker busy at most half the time: the engine thread needs the GIL too
 
 
 def public_model_name(llm: AsyncLLM) -> str:
@@ -60,7 +67,8 @@ def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str 
     app.add_middleware(_Guard, allowed_hosts=allowed_hosts, limits=limits,
                        tenants=Tenants(keys, limits.max_requests_per_tenant, limits.retry_after), drain=drain or Drain())
     _add_probes(app, llm, EngineMetrics(llm.engine, model_name))
-    _add_api(app, llm, model_name, BodyParser(limits))
+    work = FairQueue(SERVER_WORKERS, WORK_BACKLOG, "server", duty=WORK_DUTY)  # bodies parsed, replies rendered
+    _add_api(app, llm, model_name, BodyParser(limits, work), work)
     return app
 
 
@@ -79,7 +87,7 @@ def _add_probes(app: FastAPI, llm: AsyncLLM, metrics: EngineMetrics) -> None:
         return Response(body, media_type=content_type)
 
 
-def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, parser: BodyParser) -> None:
+def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, parser: BodyParser, work: FairQueue) -> None:
     """OpenAI's routes: /v1/models, /v1/completions and /v1/chat/completions (the guard has checked the key)."""
     created = int(time.time())
 
@@ -92,13 +100,13 @@ def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, parser: BodyParser) -
     async def completions(request: Request):
         body = await parser.parse(request, CompletionBody)
         prompts, params = _completion_request(body, model_name, llm.engine.max_model_len)
-        return await _generate(llm, request, body, prompts, params, model_name, chat=False)
+        return await _generate(llm, work, request, body, prompts, params, model_name, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await parser.parse(request, ChatBody)
         messages, params = _chat_request(body, model_name, llm.engine.max_model_len)
-        return await _generate(llm, request, body, [messages], params, model_name, chat=True)
+        return await _generate(llm, work, request, body, [messages], params, model_name, chat=True)
 
 
 def _completion_request(body: CompletionBody, model_name: str, max_model_len: int) -> tuple[list, SamplingParams]:
@@ -108,6 +116,10 @@ def _completion_request(body: CompletionBody, model_name: str, max_model_len: in
     _check_model(body.model, model_name)
     with _refusal():
         prompts = completion_prompts(body)
+        for i, prompt in enumerate(prompts):  # counted here: the engine thread read 2 million ids before refusing them
+            if isinstance(prompt, list) and len(prompt) >= max_model_len:
+                raise ProtocolError(f"prompt{f' {i}' if len(prompts) > 1 else ''} has {len(prompt):,} tokens; the limit "
+                                    f"is max_model_len - 1 = {max_model_len - 1}", param="prompt")
         echoed = [max_prompt_tokens(p, max_model_len) if body.echo else 0 for p in prompts]
         check_reply_size(echoed, body.n, body.max_tokens, body.logprobs, max_model_len)
     max_tokens = 1 if body.max_tokens == 0 else body.max_tokens
@@ -167,7 +179,7 @@ class _ClientGone(Exception):
     """The client hung up before its reply began: nobody is left to send a response to."""
 
 
-async def _generate(llm: AsyncLLM, request: Request, body, prompts: list, params: SamplingParams,
+async def _generate(llm: AsyncLLM, work: FairQueue, request: Request, body, prompts: list, params: SamplingParams,
                     model_name: str, chat: bool) -> Response:
     """Run one request (one or more prompts): its whole reply as JSON, or its stream once every
     prompt has its first output."""
@@ -182,12 +194,12 @@ async def _generate(llm: AsyncLLM, request: Request, body, prompts: list, params
     try:
         if not body.stream:
             collected = await unless_disconnected(request, _whole_reply(outputs))
-            content = await asyncio.to_thread(whole_reply_bytes, collected, head, render)
+            content = await whole_reply_bytes(collected, head, render, functools.partial(work.run, tenant.name))
             return Response(content, media_type="application/json")
         first = await unless_disconnected(request, anext(outputs))  # bad input raises here, before the 200
     except ValueError as e:
         raise APIError(400, str(e), param=_param_of_engine_error(str(e), params)) from e
-    except TenantCompilesBusy as e:
+    except (TenantCompilesBusy, TenantBacklogFull) as e:
         raise APIError(429, str(e), "rate_limit_error", headers={"Retry-After": "1"}) from e
     except (CompilePoolBusy, EngineUnavailable) as e:
         raise APIError(503, str(e), "service_unavailable") from e

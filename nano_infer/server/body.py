@@ -1,9 +1,9 @@
-"""A request body read, parsed and validated off the event loop, one body per tenant at a time.
+"""A request body read, parsed and validated off the event loop, in its tenant's turn.
 
 FastAPI parses a body on the event loop, where a large body of unknown keys (pydantic reports
-each one) pauses every other stream for as long as it takes. Here the body
-is parsed on a thread pool, after the key was checked (guard.py), and a tenant's bodies take
-turns (Tenant.parsing), so a client that sends many at once queues only itself. Before pydantic
+each one) pauses every other stream for as long as it takes. Here the body is parsed by the
+server's workers after the key was checked (guard.py), queued per tenant and paced (FairQueue),
+so a client that sends many at once queues, and slows, only itself. Before pydantic
 sees it, a body is bounded in object keys and depth (ServerLimits), and every list in the models
 is capped (protocol.Capped), which keeps the slowest parse near json.loads of 4 MB (~0.2 s).
 NaN and Infinity, which Python's json reads, are refused by the fields (protocol.Number) and by
@@ -11,28 +11,25 @@ the JSON Schema compiler.
 """
 from __future__ import annotations
 
-import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
-
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from ..serving.fair_queue import FairQueue, TenantBacklogFull
 from .errors import APIError, invalid_field
 from .limits import ServerLimits
 
-PARSE_THREADS = 4  # json.loads holds the GIL throughout: a thread per concurrent tenant keeps one from waiting on another's
-
 
 class BodyParser:
-    def __init__(self, limits: ServerLimits):
-        self.limits = limits
-        self._threads = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="nano_infer-parse")
+    def __init__(self, limits: ServerLimits, work: FairQueue):
+        self.limits, self.work = limits, work
 
     async def parse(self, request: Request, model: type[BaseModel]) -> BaseModel:
         raw = await request.body()
-        async with request.state.tenant.parsing:
-            return await asyncio.get_running_loop().run_in_executor(self._threads, self._parse, raw, model)
+        try:
+            return await self.work.run(request.state.tenant.name, self._parse, raw, model)
+        except TenantBacklogFull as e:
+            raise APIError(429, str(e), "rate_limit_error", headers={"Retry-After": "1"}) from None
 
     def _parse(self, raw: bytes, model: type[BaseModel]) -> BaseModel:
         try:
@@ -61,9 +58,6 @@ class BodyParser:
             if keys > self.limits.max_body_keys:
                 raise APIError(400, f"the request body has more than {self.limits.max_body_keys:,} object keys")
             stack.extend((child, depth + 1) for child in items if isinstance(child, (dict, list)))
-
-    def close(self) -> None:
-        self._threads.shutdown(wait=False, cancel_futures=True)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}

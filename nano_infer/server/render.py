@@ -6,8 +6,9 @@ a completion's carry `text`; logprobs come in the chat or the legacy completions
 counts prompt and generated tokens. A stream is `data: {json}` lines and ends with `data: [DONE]`.
 Usage also says how many prompt tokens came from the prefix cache (`prompt_tokens_details`).
 
-A whole reply is built and serialised on a worker thread (`whole_reply_bytes`), a choice at a time:
-built on the event loop, a reply of millions of logprobs would stop every other stream meanwhile.
+A whole reply is built and serialised by the server's workers (`whole_reply_bytes`), a choice at a time,
+in its tenant's turn: built on the event loop, a reply of millions of logprobs would stop every other
+stream meanwhile, and built in one piece it would hold the workers from other tenants' bodies.
 
 A completion with `echo` starts with its prompt: its text, and with `logprobs` its tokens' logprobs
 too (the engine's prompt logprobs: `null` for the first token, as OpenAI sends them). Outputs of
@@ -125,14 +126,19 @@ async def _whole_reply(outputs) -> tuple[dict, dict, _Prompts]:
     return merged, owner, prompts
 
 
-def whole_reply_bytes(collected: tuple[dict, dict, _Prompts], head: dict, render: _Render) -> bytes:
-    """The non-streamed body as JSON, serialised a choice at a time (json.dumps holds the GIL for
-    as long as its whole input takes, so one call for the whole reply would pause the other threads)."""
+async def whole_reply_bytes(collected: tuple[dict, dict, _Prompts], head: dict, render: _Render, run) -> bytes:
+    """The non-streamed body as JSON, each choice built and serialised by `await run(fn, *args)` (a worker, in
+    the tenant's turn): json.dumps holds the GIL for as long as its whole input takes, so one call for the
+    whole reply would pause the other threads, and one job for it would hold a worker from other tenants."""
     merged, owner, prompts = collected
-    choices = [json.dumps(render.choice(owner[i], merged[i], final=True), ensure_ascii=False) for i in sorted(merged)]
+    choices = [await run(_choice_json, render, owner[i], merged[i]) for i in sorted(merged)]
     top = json.dumps({**head, "object": "chat.completion" if render.chat else "text_completion"}, ensure_ascii=False)
     usage = json.dumps(prompts.usage(sum(len(m.token_ids) for m in merged.values())))
     return (top[:-1] + ', "choices": [' + ", ".join(choices) + '], "usage": ' + usage + "}").encode()
+
+
+def _choice_json(render: _Render, out, o) -> str:
+    return json.dumps(render.choice(out, o, final=True), ensure_ascii=False)
 
 
 def _event(data: dict) -> str:

@@ -3,17 +3,16 @@
 The server is shared, and "one client cannot stall another" needs a rule for who "one client"
 is. With API keys, a tenant is a key (`--api-key` given several times: one per tenant); without,
 it is the peer's address. Per tenant the server counts requests in flight and answers 429 (with
-Retry-After) beyond `max_requests_per_tenant`, parses one body at a time (so a tenant's 64 bodies
-of 4 MB take turns among themselves, not with everyone's), and with several keys salts its
+Retry-After) beyond `max_requests_per_tenant`, and with several keys salts its
 prefix-cache blocks, so no tenant can hit, or time, another's cached prompt. The engine admits
-tenants' requests in turn (AsyncLLM).
+tenants' requests in turn (AsyncLLM), and the server's workers parse, tokenize and render each tenant's
+in turn (FairQueue), so a tenant's 64 bodies of 4 MB take turns among themselves, not with everyone's.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import APIError
 
@@ -23,7 +22,6 @@ class Tenant:
     name: str  # "key 0", "key 1", ... or the peer's address: never the key itself
     salted: bool  # several keys: its prefix-cache blocks are its own
     in_flight: int = 0
-    parsing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one body parsed at a time
 
     def cache_salt(self, asked: str | None) -> str | None:
         """The request's cache_salt: the client's own, inside the tenant's when salted."""

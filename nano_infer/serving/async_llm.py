@@ -30,8 +30,9 @@ Requests wait for the engine in `Admission`, per tenant, and join it by turns, s
 flood cannot push another's first token back by more than a step or two.
 
 Nothing slow in a request's preparation runs on the engine thread, where it would pause every
-stream. Tokenizing (a prompt, a chat template) runs on a tokenizer thread of its own, after a
-character bound has refused any text too long to fit the model (`LLMEngine.encode`).
+stream. Tokenizing (a prompt, a chat template) runs on a tokenizer thread of its own, queued per
+tenant and served in turn (FairQueue), after cheap counts on the caller's side (characters, messages,
+token ids) have refused any prompt too long to fit the model.
 Compiling a constrained request's regex or JSON Schema into a token index can take seconds or,
 for a hostile schema, forever: it runs in worker processes that are killed past a time limit
 or when the client leaves (`constrained.compile_pool`). The engine thread receives token ids
@@ -45,16 +46,19 @@ import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 
 from .admission import Admission
-from .chat_limits import check_chat_size
+from .chat_limits import check_chat_size, tokens_per_message
+from .fair_queue import FairQueue
 from .inbox import AbortRequest, AddRequest, Shutdown
 from ..engine.llm_engine import LLMEngine
 from ..llm import LLM
 from .streams import Deltas, Stream
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
+
+
+TOKENIZE_BACKLOG = 1024  # prompts one tenant may have waiting for the tokenizer (a full request holds 256)
 
 
 class EngineUnavailable(RuntimeError):
@@ -68,11 +72,13 @@ def default_compile_workers() -> int:
 
 class AsyncLLM:
     def __init__(self, model: str | None = None, engine: LLMEngine | None = None, compile_workers: int | None = None,
-                 **engine_options):
+                 tokenize_backlog: int = TOKENIZE_BACKLOG, **engine_options):
         self.engine = engine if engine is not None else LLMEngine(model, **engine_options)
         self.tokenizer = self.engine.tokenizer
         self.model_name = self.engine.model_name
-        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="nano_infer-tokenize")
+        # prompts waiting to be tokenized, per tenant; past tokenize_backlog, TenantBacklogFull (a 429)
+        self._tokenizer_thread = FairQueue(1, tokenize_backlog, "tokenize")
+        tokens_per_message(self.tokenizer)  # measured once now, so the size check before tokenizing only counts
         self._compile_workers = compile_workers or default_compile_workers()
         self._compile_pool = None  # started by the first constrained request
         self._inbox: queue.Queue = queue.Queue()
@@ -118,10 +124,10 @@ class AsyncLLM:
         if failure is not None:
             raise EngineUnavailable(f"the engine cannot serve: {failure}")
         params = params or SamplingParams()
-        loop = asyncio.get_running_loop()
-        token_ids = await loop.run_in_executor(self._tokenizer_thread, self._prompt_ids, prompt)
+        self._check_size(prompt)
+        token_ids = await self._tokenizer_thread.run(tenant, self._prompt_ids, prompt)
         index = await self._constraint_index(params, tenant=tenant) if params.constrained else None
-        s = Stream(request_id or uuid.uuid4().hex, loop)
+        s = Stream(request_id or uuid.uuid4().hex, asyncio.get_running_loop())
         self._send(AddRequest(s, tenant, priority, prompt if isinstance(prompt, str) else None, token_ids, params,
                               stream_outputs=stream, constraint_index=index))
         deltas = Deltas(params)
@@ -140,17 +146,24 @@ class AsyncLLM:
             if not done:
                 self._send(AbortRequest(s))
 
+    def _check_size(self, prompt) -> None:
+        """What counting can refuse, on the caller's side before the prompt queues for the tokenizer: a text
+        or chat longer than max_model_len tokens can spell, a token-id prompt of max_model_len ids or more."""
+        if isinstance(prompt, str):
+            self.engine.check_prompt_chars(prompt)
+        elif not isinstance(prompt, list):
+            raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
+        elif not prompt:
+            raise ValueError("prompt is empty: it must have at least one token")
+        elif isinstance(prompt[0], dict):
+            check_chat_size(self.engine, prompt)
+        elif len(prompt) >= self.engine.max_model_len:
+            raise ValueError(f"prompt has {len(prompt)} tokens; the limit is max_model_len - 1 = {self.engine.max_model_len - 1}")
+
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.engine.encode(prompt)
-        if not isinstance(prompt, list):
-            raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
-        if not prompt:
-            raise ValueError("prompt is empty: it must have at least one token")
-        if not isinstance(prompt[0], dict):
-            return prompt
-        check_chat_size(self.engine, prompt)
-        return self.apply_chat_template(prompt)
+        return self.apply_chat_template(prompt) if isinstance(prompt[0], dict) else prompt
 
     async def precompile(self, params: SamplingParams) -> None:
         """Compile a constraint ahead of the requests that will use it, with no time limit (the
@@ -163,7 +176,7 @@ class AsyncLLM:
             from ..constrained import ConstraintLimits
             from ..constrained.compile_pool import CompilePool
 
-            vocab = await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, lambda: self.engine.vocabulary)
+            vocab = await self._tokenizer_thread.run(None, lambda: self.engine.vocabulary)
             with self._lock:
                 if self._compile_pool is None:
                     limits = self.engine.config.constraint_limits or ConstraintLimits()
@@ -184,7 +197,7 @@ class AsyncLLM:
                 self._closed = True
                 self._inbox.put(Shutdown())
         self._thread.join(timeout)
-        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+        self._tokenizer_thread.close()
         if self._compile_pool is not None:
             self._compile_pool.close()
 

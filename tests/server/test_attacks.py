@@ -562,3 +562,87 @@ def test_16_smaller_holes(tenants):
         assert sock.recv(100).startswith(b"HTTP/1.1 400")
     hosts = {h: httpx.get(server.url + "/health", headers={"host": h}).status_code for h in ("[::1]evil", "LOCALHOST:80")}
     assert hosts == {"[::1]evil": 400, "LOCALHOST:80": 200}
+
+
+# -- Round 3 (issue 38): the work a tenant pushes through the server (tokenizing, parsing, scoring) -----------------
+SLOW_MARKER = "slow-to-tokenize"
+SLOW_TOKENIZE_S = 0.1  # what the real model's tokenizer takes on 57,000 characters; the test tokenizer takes ms
+
+
+def slow_tokenizer(llm, monkeypatch):
+    """Prompts that carry SLOW_MARKER take SLOW_TOKENIZE_S to tokenize, as long prompts do on a real model."""
+    real = llm._prompt_ids
+
+    def slow(prompt):
+        if SLOW_MARKER in str(prompt):
+            time.sleep(SLOW_TOKENIZE_S)
+        return real(prompt)
+
+    monkeypatch.setattr(llm, "_prompt_ids", slow)
+
+
+def victim_first_tokens(url, count=3) -> float:
+    """The slowest of `count` first tokens of the victim tenant's streams, one after another."""
+    body = {**chat(max_tokens=4, ignore_eos=True), "stream": True}
+    worst = 0.0
+    with httpx.Client(timeout=120, headers={"authorization": f"Bearer {VICTIM}"}) as client:
+        for _ in range(count):
+            start = time.monotonic()
+            with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200, r.read()
+                next(line for line in r.iter_lines() if line.startswith("data: "))
+            worst = max(worst, time.monotonic() - start)
+    return worst
+
+
+class Flood:
+    """`loops` threads posting `body` (bytes) as the attacker, back to back, until the block ends."""
+
+    def __init__(self, url, path, body: bytes, loops: int):
+        self.stop, self.statuses = threading.Event(), collections.Counter()
+        self.threads = [threading.Thread(target=self._loop, args=(url, path, body), daemon=True) for _ in range(loops)]
+
+    def _loop(self, url, path, body):
+        with httpx.Client(timeout=120, headers={"authorization": f"Bearer {ATTACKER}",
+                                                "content-type": "application/json"}) as client:
+            while not self.stop.is_set():
+                self.statuses[client.post(url + path, content=body).status_code] += 1
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        time.sleep(1.0)  # the backlog builds up
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+
+def test_17_one_tenants_tokenizing_backlog_does_not_delay_another(tenants, monkeypatch):
+    """16 chats in a loop and two bodies of 64 prompts, each slow to tokenize: the other tenant's
+    first token waits for at most one of them (per-tenant queues served in turn), not for all."""
+    llm, server = tenants
+    slow_tokenizer(llm, monkeypatch)
+    control = victim_first_tokens(server.url)
+    chats = json.dumps(chat(messages=[{"role": "user", "content": SLOW_MARKER}], max_tokens=1)).encode()
+    batch = json.dumps({"prompt": [SLOW_MARKER] * 64, "max_tokens": 1}).encode()
+    with Flood(server.url, "/v1/chat/completions", chats, 16) as flood, Flood(server.url, "/v1/completions", batch, 2):
+        attacked = victim_first_tokens(server.url)
+    assert attacked < max(MAX_GAP, 3 * control), (attacked, control)
+    assert flood.statuses[200] > 0, flood.statuses
+    settle(llm)
+
+
+def test_18_a_prompt_of_two_million_token_ids_is_refused_before_the_engine(tenants):
+    llm, server = tenants
+    ids = json.dumps({"prompt": [5] * 2_090_000, "max_tokens": 1}, separators=(",", ":")).encode()  # 4.18 MB
+    r = as_attacker(server.url, "/v1/completions", content=ids, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text[:300]  # the protocol's check, not the engine's
+    assert "2,090,000 tokens" in r.json()["error"]["message"], r.text[:300]
+    control = victim_first_tokens(server.url)
+    with Flood(server.url, "/v1/completions", ids, 8) as flood:
+        attacked = victim_first_tokens(server.url)
+    assert attacked < max(MAX_GAP, 3 * control), (attacked, control)
+    assert set(flood.statuses) == {400}, flood.statuses
