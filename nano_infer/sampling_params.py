@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # Below this temperature, sampling is greedy (as in vLLM): dividing logits by 1e-300 would
@@ -16,6 +16,11 @@ MAX_STOP_TOKEN_IDS = 256
 MAX_CACHE_SALT = 256  # characters
 MAX_TOP_K = 2**31 - 1
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit integer, what torch.Generator.manual_seed takes
+MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's range is [-2, 2]
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]
+# token lists a step turns into tensors: each id is a tensor element per step, so a list is capped
+MAX_TOKEN_RULES = 2**18  # logit_bias entries, allowed_token_ids (a 262k vocabulary fits)
+MAX_BAD_WORDS = 256
 
 
 def _is_int(x) -> bool:
@@ -39,6 +44,15 @@ class SamplingParams:
     constraints). `prompt_logprobs=k` returns, for every prompt token but the first, its
     log-probability given the tokens before it and the k most likely there
     (`RequestOutput.prompt_logprobs`): what scoring a text (lm-eval's log-likelihood) reads.
+
+    The logits rules have vLLM's meaning (engine/logits_processors.py applies them, batched):
+    `repetition_penalty` divides the positive logits (multiplies the negative ones) of every token
+    already in the prompt or output, as transformers does; `presence_penalty` / `frequency_penalty`
+    subtract, over output tokens only, a constant for a token that appeared / its count (OpenAI's
+    definition); `min_tokens` forbids EOS and `stop_token_ids` (and ends no stop string) before that many
+    tokens; `logit_bias` adds to given token ids; `bad_words` forbids each word's last token where the
+    output already ends with the rest of it (with and without a leading space); `allowed_token_ids`
+    forbids every other token; `min_p` drops tokens less likely than min_p times the top one.
     """
 
     n: int = 1
@@ -59,6 +73,17 @@ class SamplingParams:
     # vLLM's cache_salt: requests share prefix-cache blocks only with requests of the same salt, so a
     # tenant can neither reuse nor time another's cached prompt (the server salts by API key)
     cache_salt: str | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    # bad_words as token id sequences, set by the engine on its own copy of the params (it has the tokenizer)
+    bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -101,11 +126,49 @@ class SamplingParams:
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str)
                                             or not 0 < len(self.cache_salt) <= MAX_CACHE_SALT):
             bad("cache_salt", self.cache_salt, f"None or a non-empty string of at most {MAX_CACHE_SALT} characters")
+        self._validate_logits_rules(bad)
         kinds = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None]
         if len(kinds) > 1:
             raise ValueError(f"SamplingParams: give at most one of regex, json_schema, choice (got {kinds})")
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
             bad("choice", self.choice, "a non-empty list of non-empty strings")
+
+    def _validate_logits_rules(self, bad) -> None:
+        if not _is_real(self.repetition_penalty) or self.repetition_penalty <= 0:
+            bad("repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 is off)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not _is_real(getattr(self, name)) or not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                bad(name, getattr(self, name), f"a number in [-{MAX_PENALTY}, {MAX_PENALTY}] (0 is off)")
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
+            bad("min_p", self.min_p, "in the range [0, 1] (0 is off)")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            bad("min_tokens", self.min_tokens, "an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad("min_tokens", self.min_tokens, f"at most max_tokens={self.max_tokens}")
+        if self.logit_bias is not None and (
+                not isinstance(self.logit_bias, dict) or len(self.logit_bias) > MAX_TOKEN_RULES
+                or not all(_is_int(t) and t >= 0 and _is_real(b) for t, b in self.logit_bias.items())):
+            bad("logit_bias", self.logit_bias, f"a dict of at most {MAX_TOKEN_RULES} token ids >= 0 to finite numbers")
+        if self.logit_bias:  # OpenAI's range; vLLM clamps to it too
+            self.logit_bias = {t: min(max(float(b), -MAX_LOGIT_BIAS), MAX_LOGIT_BIAS) for t, b in self.logit_bias.items()}
+        if self.bad_words is not None and (
+                not isinstance(self.bad_words, list) or len(self.bad_words) > MAX_BAD_WORDS
+                or not all(isinstance(w, str) and w.strip() and len(w) <= MAX_STOP_LENGTH for w in self.bad_words)):
+            bad("bad_words", self.bad_words, f"a list of at most {MAX_BAD_WORDS} non-blank strings of at most "
+                                             f"{MAX_STOP_LENGTH} characters")
+        if self.allowed_token_ids is not None and (
+                not isinstance(self.allowed_token_ids, list) or not 0 < len(self.allowed_token_ids) <= MAX_TOKEN_RULES
+                or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)):
+            bad("allowed_token_ids", self.allowed_token_ids, f"a non-empty list of at most {MAX_TOKEN_RULES} token ids >= 0")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            bad("include_stop_str_in_output", self.include_stop_str_in_output, "True or False")
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether a logits rule (penalties, min_tokens, logit_bias, bad_words, allowed_token_ids) is on."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.min_tokens > 0 or bool(self.logit_bias) or bool(self.bad_words)
+                or self.allowed_token_ids is not None)
 
     @property
     def greedy(self) -> bool:

@@ -69,7 +69,7 @@ class OutputProcessor:
                 samplers += children
                 rows += [rows[i]] * len(children)
         sample_logits = logits if rows == list(range(len(logits))) else logits[rows]  # no copy in the usual case
-        tokens = draw(sample_logits, samplers)
+        tokens = draw(sample_logits, samplers, self.eos_token_ids)
         logprobs = token_logprobs(sample_logits, samplers, tokens)
         now, touched = time.perf_counter(), self.touched
         for i, (seq, token) in enumerate(zip(samplers, tokens)):  # `isolated`, written out: once per token
@@ -138,13 +138,14 @@ class OutputProcessor:
 
     @staticmethod
     def _stop_string(seq: Sequence, token: int) -> tuple[str | None, str | None]:
-        """Detokenize; a stop string is searched only where the new text could complete it: O(stop length) per token."""
+        """Detokenize; a stop string is searched only where the new text could complete it: O(stop length) per
+        token, and not before min_tokens (vLLM's rule)."""
         delta = seq.detokenizer.add(token)
-        text = seq.detokenizer.text
-        for stop in seq.params.stop if delta else ():
+        text, params = seq.detokenizer.text, seq.params
+        for stop in params.stop if delta and seq.num_output_tokens >= params.min_tokens else ():
             at = text.find(stop, max(0, len(text) - len(delta) - len(stop) + 1))
             if at >= 0:
-                seq.detokenizer.text = text[:at]
+                seq.detokenizer.text = text[: at + len(stop) if params.include_stop_str_in_output else at]
                 return "stop", stop
         return None, None
 
@@ -196,16 +197,16 @@ class OutputProcessor:
         return ""
 
 
-def draw(logits: torch.Tensor, samplers: list[Sequence]) -> list[int | Exception]:
+def draw(logits: torch.Tensor, samplers: list[Sequence], eos_token_ids=()) -> list[int | Exception]:
     """One token per row. If the batched draw raises, each row is drawn alone, so the error
     lands on the request that caused it and every other row still gets its token."""
     try:
-        return sample(logits, samplers)
+        return sample(logits, samplers, eos_token_ids)
     except Exception:  # noqa: BLE001
         tokens = []
         for i, seq in enumerate(samplers):
             try:
-                tokens += sample(logits[i : i + 1], [seq])
+                tokens += sample(logits[i : i + 1], [seq], eos_token_ids)
             except Exception as e:  # noqa: BLE001
                 tokens.append(e)
         return tokens

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.plugin import EnginePlugin, Phase, StepContext
+from ..engine.logits_processors import Row, apply_logits_rules
 from ..engine.sampling import greedy_tokens
 from .config import SpeculativeConfig
 from .ngram import propose_ngram
@@ -111,7 +112,7 @@ class SpeculativeDecoder(EnginePlugin):
     def _append_verified(self, entry, logits: torch.Tensor, outputs, now: float) -> None:
         """Append what verification accepted, one token at a time (each may finish the request),
         then give back the KV slots of the rejected proposals."""
-        seq, tokens, appended = entry.seq, self.accept(entry, logits), []
+        seq, tokens, appended = entry.seq, self.accept(entry, logits, outputs.eos_token_ids), []
         for token in tokens:
             outputs.scheduler.advance(seq, len(seq))  # K/V of every token so far is computed and accepted
             outputs.append_token(seq, token, now)
@@ -123,7 +124,7 @@ class SpeculativeDecoder(EnginePlugin):
             self.kv.truncate(seq, seq.num_computed_tokens)
 
     @torch.inference_mode()
-    def accept(self, entry, logits: torch.Tensor) -> list[int]:
+    def accept(self, entry, logits: torch.Tensor, eos_token_ids=()) -> list[int]:
         """logits [1 + k, V]: the target after the last token and after each proposal. Returns the
         tokens to append: accepted proposals, then one corrected or bonus token."""
         seq, proposal = entry.seq, entry.spec_token_ids
@@ -133,6 +134,10 @@ class SpeculativeDecoder(EnginePlugin):
                 if token is not None:
                     c.advance(token)
                 logits[j] += c.mask()
+        if seq.params.adjusts_logits:  # penalties and token rules, each position after its own prefix
+            out = seq.output_token_ids
+            rows = [Row(seq.params, seq.prompt_token_ids, out + proposal[:j]) for j in range(len(proposal) + 1)]
+            logits = apply_logits_rules(logits, rows, eos_token_ids)
         if seq.params.greedy:
             tokens = accept_greedy(greedy_tokens(logits).tolist(), proposal)
         else:

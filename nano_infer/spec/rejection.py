@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.sampling import apply_top_k_top_p
+from ..engine.sampling import apply_min_p, apply_top_k_top_p
 
 
 def target_probs(logits: torch.Tensor, params) -> torch.Tensor:
-    """The distribution the plain sampler draws from (temperature, top-k, top-p), for each row."""
+    """The distribution the plain sampler draws from (temperature, min-p, top-k, top-p), for each row."""
     t = params.temperature if params.temperature > 0 else 1.0
     rows = logits.shape[0]
     top_k = torch.full((rows,), params.top_k, device=logits.device)
     top_p = torch.full((rows,), float(params.top_p), device=logits.device)
-    return apply_top_k_top_p(logits / t, top_k, top_p).softmax(dim=-1)
+    min_p = torch.full((rows,), float(params.min_p), device=logits.device)
+    return apply_top_k_top_p(apply_min_p(logits / t, min_p), top_k, top_p).softmax(dim=-1)
 
 
 def accept_greedy(argmax: list[int], proposal: list[int]) -> list[int]:

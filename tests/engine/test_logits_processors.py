@@ -1,0 +1,161 @@
+"""vLLM's sampling knobs against their oracles, float32 greedy, token for token: transformers' repetition_penalty,
+min_new_tokens, bad_words_ids and sequence_bias; a plain loop of OpenAI's presence/frequency penalty definition;
+speculative verification honouring them; bad values refused."""
+import pytest
+import torch
+
+from nano_infer import LLM, SamplingParams
+from tests.helpers.engine_checks import assert_idle_and_blocks_free
+from tests.helpers.model_factory import hf_model
+from tests.helpers.parity import prompts
+
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def llm(qwen2_dir):
+    return LLM(str(qwen2_dir), dtype="float32", block_size=4)
+
+
+@pytest.fixture(scope="module")
+def hf(qwen2_dir):
+    return hf_model(qwen2_dir)
+
+
+@pytest.fixture(scope="module")
+def ps(tokenizer):
+    return prompts(tokenizer)[:3]
+
+
+def hf_generate(hf, prompt, eos=None, **knobs):
+    """transformers' greedy tokens with exactly the given processors (nothing from a generation config)."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False,
+                          eos_token_id=eos, pad_token_id=0, temperature=None, top_k=None, top_p=None, **knobs)
+    return out[0, len(prompt):].tolist()
+
+
+def ours(llm, ps, **knobs):
+    params = SamplingParams(max_tokens=MAX_NEW, **{"temperature": 0, "ignore_eos": True, **knobs})
+    return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=ps, sampling_params=params)]
+
+
+def test_repetition_penalty_equals_transformers(llm, hf, ps):
+    want = [hf_generate(hf, p, repetition_penalty=1.8) for p in ps]
+    assert want != [hf_generate(hf, p) for p in ps], "the penalty changes nothing here: no check"
+    assert ours(llm, ps, repetition_penalty=1.8) == want
+    assert ours(llm, ps, repetition_penalty=0.7) == [hf_generate(hf, p, repetition_penalty=0.7) for p in ps]
+
+
+def test_logit_bias_equals_sequence_bias(llm, hf, ps):
+    plain = [hf_generate(hf, p) for p in ps]
+    bias = {plain[0][0]: -100.0, plain[1][2]: -7.5, 17: 3.0}
+    want = [hf_generate(hf, p, sequence_bias={(t,): b for t, b in bias.items()}) for p in ps]
+    assert want != plain
+    assert ours(llm, ps, logit_bias=bias) == want
+
+
+def test_min_tokens_equals_min_new_tokens(llm, hf, ps):
+    """A bias makes EOS the greedy choice at once; min_tokens holds it back for 5 tokens, then it ends the output."""
+    eos = llm.engine.hf_config.eos_token_id
+    want = [hf_generate(hf, p, eos=eos, min_new_tokens=5, sequence_bias={(eos,): 30.0}) for p in ps]
+    assert all(len(w) == 6 and w[-1] == eos for w in want)
+    got = ours(llm, ps, ignore_eos=False, min_tokens=5, logit_bias={eos: 30.0})
+    assert got == want
+    assert [len(t) for t in ours(llm, ps, ignore_eos=False, logit_bias={eos: 30.0})] == [1, 1, 1]
+
+
+def test_bad_words_equal_bad_words_ids(llm, hf, ps):
+    tokenizer = llm.tokenizer  # the engine's, as loaded from the model folder
+    plain = [hf_generate(hf, p) for p in ps]
+    one = tokenizer.decode(plain[0][1:2])  # a word the first output says
+    two = tokenizer.decode(plain[1][3:5])  # a word of two (or more) tokens the second says
+    words = [one, two]
+    spelled = [tokenizer.encode(s, add_special_tokens=False) for w in words for s in (w.lstrip(), " " + w.lstrip())]
+    want = [hf_generate(hf, p, bad_words_ids=spelled) for p in ps]
+    assert want != plain and any(len(s) > 1 for s in spelled)
+    assert ours(llm, ps, bad_words=words) == want
+
+
+def openai_penalties_reference(hf, prompt, presence, frequency):
+    """OpenAI's definition, step by step: logit[j] -= count[j] * frequency + (count[j] > 0) * presence,
+    counting output tokens only, then greedy."""
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(MAX_NEW):
+            logits = hf(torch.tensor([tokens])).logits[0, -1].clone()
+            for j in set(tokens[len(prompt):]):
+                count = tokens[len(prompt):].count(j)
+                logits[j] -= count * frequency + presence
+            tokens.append(int(logits.argmax()))
+    return tokens[len(prompt):]
+
+
+@pytest.mark.parametrize("presence,frequency", [(1.5, 0.0), (0.0, 0.9), (0.4, 0.6), (-2.0, 0.0)])
+def test_presence_and_frequency_penalties_equal_openai_definition(llm, hf, ps, presence, frequency):
+    want = [openai_penalties_reference(hf, p, presence, frequency) for p in ps]
+    assert ours(llm, ps, presence_penalty=presence, frequency_penalty=frequency) == want
+
+
+def test_allowed_token_ids_and_min_p(llm, ps):
+    allowed = [5, 9, 40, 41, 300]
+    assert all(set(t) <= set(allowed) for t in ours(llm, ps, allowed_token_ids=allowed))
+    greedy = ours(llm, ps)
+    # min_p=1 keeps only the most likely token: sampling at any temperature is greedy
+    assert ours(llm, ps, temperature=1.5, min_p=1.0, seed=3) == greedy
+    assert ours(llm, ps, temperature=1.5, min_p=0.0, seed=3) != greedy
+
+
+def test_rows_with_and_without_rules_share_a_batch(llm, ps):
+    """Each row gets its own rules: a penalised request beside plain ones changes only itself."""
+    plain, penalised = ours(llm, ps), ours(llm, ps, repetition_penalty=1.8)
+    mixed = llm.generate(prompt_token_ids=ps, sampling_params=[
+        SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, repetition_penalty=1.8 if i == 1 else 1.0)
+        for i in range(3)])
+    assert [o.outputs[0].token_ids for o in mixed] == [plain[0], penalised[1], plain[2]]
+    assert_idle_and_blocks_free(llm.engine)
+
+
+def test_speculative_verification_honours_the_rules(qwen2_dir, hf, ps):
+    """The draft (the target itself) proposes without the rules: verification must apply them at each position."""
+    spec = LLM(str(qwen2_dir), dtype="float32", block_size=4, speculative_config={
+        "method": "draft_model", "model": str(qwen2_dir), "num_speculative_tokens": 3})
+    assert ours(spec, ps, repetition_penalty=1.8) == [hf_generate(hf, p, repetition_penalty=1.8) for p in ps]
+    want = [openai_penalties_reference(hf, p, 0.0, 0.9) for p in ps]
+    assert ours(spec, ps, frequency_penalty=0.9) == want
+    stats = spec.engine.spec.stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, "verification accepted all or nothing: not exercised"
+
+
+def test_include_stop_str_in_output(llm, ps, tokenizer):
+    text = llm.generate(prompt_token_ids=ps[:1], sampling_params=SamplingParams(
+        temperature=0, max_tokens=MAX_NEW, ignore_eos=True))[0].outputs[0].text
+    stop = text[3:5]
+    cut = text[: text.index(stop)]
+    for include, want in ((False, cut), (True, cut + stop)):
+        out = llm.generate(prompt_token_ids=ps[:1], sampling_params=SamplingParams(
+            temperature=0, max_tokens=MAX_NEW, ignore_eos=True, stop=[stop], include_stop_str_in_output=include))
+        assert out[0].outputs[0].text == want
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(repetition_penalty=0), dict(repetition_penalty=float("nan")), dict(presence_penalty=2.5),
+    dict(frequency_penalty=-3), dict(min_p=1.5), dict(min_tokens=-1), dict(min_tokens=20, max_tokens=10),
+    dict(logit_bias={"a": 1}), dict(logit_bias={1: float("inf")}), dict(bad_words=["  "]), dict(bad_words="abc"),
+    dict(allowed_token_ids=[]), dict(allowed_token_ids=[-1]), dict(include_stop_str_in_output="yes")])
+def test_bad_values_are_refused_with_the_name(knobs):
+    with pytest.raises(ValueError, match=next(k for k in knobs if k != "max_tokens")):
+        SamplingParams(**knobs)
+
+
+def test_token_ids_past_the_vocabulary_are_refused_before_anything_runs(llm, ps):
+    vocab = llm.engine.vocab_size
+    for knobs in (dict(logit_bias={vocab: 1.0}), dict(allowed_token_ids=[1, vocab + 5])):
+        with pytest.raises(ValueError, match="vocabulary"):
+            llm.generate(prompt_token_ids=ps, sampling_params=SamplingParams(**knobs))
+    assert_idle_and_blocks_free(llm.engine)
+
+
+def test_logit_bias_is_clamped_to_openai_range():
+    assert SamplingParams(logit_bias={3: 500, 4: -1e9}).logit_bias == {3: 100.0, 4: -100.0}
