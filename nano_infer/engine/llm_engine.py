@@ -33,7 +33,6 @@ from ..kv.offload import BlockSwap, KVOffloader
 from ..kv.paged import kv_bytes_per_token
 from ..kv.sizing import make_kv_cache
 from .logits_processors import resolve_token_rules
-from .logits_processors import resolve_token_rules
 from .memory import StepRecorder
 from .model_runner import ModelRunner
 from .plugin import EnginePlugin, StepContext
@@ -167,7 +166,6 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         prompt_token_ids = list(self.encode(prompt) if prompt_token_ids is None else prompt_token_ids)
         self._check_lengths(prompt_token_ids, params, beam)
-        params = resolve_token_rules(params, self.tokenizer, self.vocab_size)
         params = resolve_token_rules(params, self.tokenizer, self.vocab_size)
         constraint = self._build_constraint(params, constraint_index)
         fork = params.n > 1 and (self.config.kv_cache == "paged" or beam is not None)
