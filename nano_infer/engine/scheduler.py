@@ -29,6 +29,10 @@ once and read by the plug-ins, the model runner and the output processor after i
 LPM_MAX_QUEUE waiting requests); `"fcfs"` keeps arrival order. `mode="static"` is the
 baseline: admit a batch only when the previous one has completely finished.
 
+A prompt being scored (prompt logprobs) is prefilled in chunks of at most SCORED_ROWS_PER_STEP
+scored rows per step, shared by every such prompt: scoring costs its own request more steps,
+not every other request a slower one.
+
 `num_computed_tokens` moves in two places only: the KVManager sets it at admission (the cached
 prefix), and this scheduler advances it after a step (`advance`, called by whoever turns the
 step's rows into tokens), resets it on preemption and copies it on a fork. Without a KV cache
@@ -47,6 +51,9 @@ from ..utils import cdiv
 # requests the matching costs more than the order saves, and the queue is served first come first
 # served (SGLang falls back at 128 as well).
 LPM_MAX_QUEUE = 128
+# prompt rows scored per step (SamplingParams.prompt_logprobs): each row is normalized over the whole vocabulary,
+# and 2,048 rows of a 152k vocabulary in every step of a scoring flood put other tenants' first tokens 25 s late
+SCORED_ROWS_PER_STEP = 256
 
 
 @dataclass(eq=False)
@@ -146,6 +153,7 @@ class Scheduler:
     # -- one step -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self._rows_left = SCORED_ROWS_PER_STEP
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted and (self.mode == "continuous" or not self.running):
             self._schedule_waiting(out, budget)
@@ -155,8 +163,16 @@ class Scheduler:
         return out
 
     def _tokens_for(self, seq: Sequence, budget: int) -> int:
+        """The tokens of `seq` this step computes: all of them, or with chunked prefill a chunk within the
+        token budget and, for a prompt being scored, within the prompt rows the step has left to score
+        (0 when none are left: it waits for the next step)."""
         n = seq.num_uncomputed_tokens
-        return min(n, budget) if self.chunked_prefill else n
+        if not self.chunked_prefill:
+            return n
+        scored = seq.prompt_logprobs
+        if scored is not None and len(scored) < seq.num_prompt_tokens:  # positions already scored need no rows
+            n = min(n, max(seq.num_computed_tokens, len(scored) - 1) + self._rows_left - seq.num_computed_tokens)
+        return min(n, budget)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         # an idle sequence computes nothing: a beam whose next token waits for its siblings' rows (beam search)
@@ -164,6 +180,8 @@ class Scheduler:
             if budget <= 0 or seq.status is not SequenceStatus.RUNNING:
                 break  # out of budget, or preempted to make room for one before it
             n = self._tokens_for(seq, budget)
+            if n == 0:
+                continue  # a prompt being scored, and no rows left this step
             if n > budget and out.scheduled:
                 break
             lookahead = min(self.lookahead(seq), budget - 1) if n == 1 else 0
@@ -177,6 +195,7 @@ class Scheduler:
                     return budget
             self.kv.allocate(seq, n + lookahead)
             out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n, lookahead))
+            self._rows_left -= out.scheduled[-1].num_prompt_logit_rows
             budget -= n + lookahead
         return budget
 
@@ -192,7 +211,7 @@ class Scheduler:
                 break
             self.kv.acquire(seq)  # its cached prefix: num_computed_tokens starts past it
             n = self._tokens_for(seq, budget)
-            if (n > budget and out.scheduled) or not self.kv.can_allocate(seq, n):
+            if n == 0 or (n > budget and out.scheduled) or not self.kv.can_allocate(seq, n):
                 self._undo_admission(seq)
                 break
             self.kv.allocate(seq, n)
@@ -201,6 +220,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            self._rows_left -= out.scheduled[-1].num_prompt_logit_rows
             budget -= n
             seats += 1 + seq.num_pending_forks
 

@@ -101,3 +101,26 @@ def test_prompt_logprobs_of_the_shipped_model(config):
         assert out.prompt_token_ids == p
         score_error(out.prompt_logprobs, p, w, k=5)
     assert_blocks_free(llm)
+
+
+def test_a_step_scores_a_bounded_slice_of_prompt_rows(qwen2_dir, monkeypatch):
+    """Three prompts of 500 tokens scored: no step normalizes more than SCORED_ROWS_PER_STEP rows
+    (all 1,497 fit the token budget of one step), and the scores still equal transformers'."""
+    from nano_infer.engine.scheduler import SCORED_ROWS_PER_STEP
+
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4)
+    scheduler, rows = llm.engine.scheduler, []
+    schedule = scheduler.schedule
+
+    def recording():
+        out = schedule()
+        rows.append(sum(e.num_prompt_logit_rows for e in out.scheduled))
+        return out
+
+    monkeypatch.setattr(scheduler, "schedule", recording)
+    ps = [[5 + (i * 7 + j * 13) % 440 for j in range(500)] for i in range(3)]
+    outs = llm.generate(prompt_token_ids=ps, sampling_params=SamplingParams(max_tokens=1, prompt_logprobs=K))
+    assert sum(rows) == 3 * 499 and max(rows) <= SCORED_ROWS_PER_STEP, rows
+    for out, p, w in zip(outs, ps, hf_scores(qwen2_dir, ps)):
+        score_error(out.prompt_logprobs, p, w)
+    assert_blocks_free(llm)

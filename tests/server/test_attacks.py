@@ -153,8 +153,11 @@ ATTACKS = [
      400, "surrogate"),
     ("seed 2**70", lambda u: [post(u, "/v1/chat/completions", chat(seed=2**70))], 400, "seed"),
     ("max_tokens true", lambda u: [post(u, "/v1/chat/completions", chat(max_tokens=True))], 400, "max_tokens"),
-    ("logit_bias (not implemented)", lambda u: [post(u, "/v1/chat/completions", chat(logit_bias={"5": 10}))], 400,
+    ("logit_bias keyed by a word", lambda u: [post(u, "/v1/chat/completions", chat(logit_bias={"five": 10}))], 400,
      "logit_bias"),
+    ("logit_bias past the vocabulary", lambda u: [post(u, "/v1/chat/completions", chat(logit_bias={"99999999": 10}))],
+     400, "vocabulary"),
+    ("10,000 bad words", lambda u: [post(u, "/v1/chat/completions", chat(bad_words=["w"] * 10000))], 400, "bad_words"),
     ("tools (not implemented)", lambda u: [post(u, "/v1/chat/completions", chat(tools=[{"type": "function"}]))], 400,
      "tools"),
     ("an unknown field", lambda u: [post(u, "/v1/chat/completions", chat(best_effort=True))], 400, "best_effort"),
@@ -646,3 +649,18 @@ def test_18_a_prompt_of_two_million_token_ids_is_refused_before_the_engine(tenan
         attacked = victim_first_tokens(server.url)
     assert attacked < max(MAX_GAP, 3 * control), (attacked, control)
     assert set(flood.statuses) == {400}, flood.statuses
+
+
+def test_19_scoring_prompts_slows_only_the_scorer(tenants):
+    """echo + logprobs 20 on 12 prompts of 500 random token ids (126,000 entries, under the reply cap), in
+    4 loops: the prompt rows are scored a bounded slice per step and the reply rendered in the tenant's turn."""
+    llm, server = tenants
+    rng = __import__("random").Random(0)
+    scored = json.dumps({"prompt": [[rng.randrange(5, 440) for _ in range(500)] for _ in range(12)], "echo": True,
+                         "logprobs": 20, "max_tokens": 0}).encode()
+    control = victim_first_tokens(server.url)
+    with Flood(server.url, "/v1/completions", scored, 4) as flood:
+        attacked = victim_first_tokens(server.url)
+    assert attacked < max(MAX_GAP, 3 * control), (attacked, control)
+    assert set(flood.statuses) == {200}, flood.statuses
+    settle(llm)
