@@ -32,7 +32,8 @@ from ..constrained.compile_pool import CompilePoolBusy, TenantCompilesBusy
 from ..serving.fair_queue import FairQueue, TenantBacklogFull
 from ..serving.metrics import EngineMetrics
 from .protocol import (ChatBody, CompletionBody, ContentPart, ProtocolError, check_reply_size, completion_prompts,
-                        max_prompt_tokens, sampling_params)
+                        max_prompt_tokens)
+from .sampling import sampling_params
 from ..sampling_params import SamplingParams
 from .body import BodyParser
 from .errors import EXCEPTION_HANDLERS, APIError

@@ -7,7 +7,8 @@ would need every beam checked, and the search keeps no per-token logprobs.
 """
 from __future__ import annotations
 
-from .protocol import ProtocolError, check_unsupported, constraint_fields
+from .protocol import ProtocolError
+from .sampling import LOGITS_RULES, check_unsupported, constraint_fields
 from ..beam.params import BeamSearchParams
 
 
@@ -25,6 +26,10 @@ def beam_search_params(body, max_tokens: int | None, logprobs: int | None,
                ("stop_token_ids", bool(body.stop_token_ids), "stop_token_ids are not supported with beam search"),
                ("skip_special_tokens", not body.skip_special_tokens,
                 "beam search decodes its text with special tokens skipped")]
+    refused += [(name, getattr(body, name) != off, f"{name} is not applied by beam search (vLLM's BeamSearchParams has "
+                                                   f"no logits rules); leave it out") for name, off in LOGITS_RULES.items()]
+    refused.append(("include_stop_str_in_output", body.include_stop_str_in_output,
+                    "stop strings are not supported with beam search"))
     for field, bad, why in refused:
         if bad:
             raise ProtocolError(f"{field}: {why}", param=field)

@@ -3,15 +3,14 @@
 Every field is typed strictly (`max_tokens: true` is an error, not 1) and a field the server does
 not know is refused with 400 naming it, as OpenAI does: a client must never believe it got
 something it did not (a constraint, a penalty, tool calls). Fields that nano_infer does not
-implement but that clients send with their neutral value (`frequency_penalty: 0`,
-`logit_bias: {}`, `tools: []`) are accepted when neutral and refused otherwise.
+implement are accepted only with their neutral value (`suffix: ""`). Fields that change no output
+of this server (`store`, `metadata`, `service_tier`, `parallel_tool_calls`, `user`) are accepted and
+logged, as vLLM does.
 
 Every list is capped (`Capped`) and checked with fail_fast: pydantic would otherwise validate, and
 report, each of a million wrong items before the 400.
 
-Constrained output can be asked for three ways, all with vLLM's meaning: OpenAI's
-`response_format`, vLLM's `guided_regex` / `guided_json` / `guided_choice`, and newer vLLM's
-`structured_outputs: {"regex" | "json" | "choice": ...}`. At most one constraint per request.
+How a body becomes SamplingParams is server/sampling.py.
 """
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from ..sampling_params import (MAX_CACHE_SALT, MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SEED_RANGE,
-                              SamplingParams)
+from ..sampling_params import (MAX_BAD_WORDS, MAX_CACHE_SALT, MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+                              MAX_TOKEN_RULES, SEED_RANGE)
 
 Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]  # strict floats take ints, never bools or strings
 Seed = Annotated[StrictInt, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
@@ -82,14 +81,6 @@ class StructuredOutputs(_Body):
     grammar: StrictStr | None = None
 
 
-# Fields OpenAI or vLLM define that nano_infer does not implement, with the values that change nothing.
-NEUTRAL = {
-    "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
-    "logit_bias": ({},), "tools": ([],), "tool_choice": ("none", "auto"), "suffix": ("",), "min_tokens": (0,),
-    "guided_whitespace_pattern": (), "guided_grammar": (),
-}
-
-
 class _GenerateBody(_Body):
     model: StrictStr | None = None  # None: the served model
     max_tokens: StrictInt | None = Field(None, ge=1)
@@ -101,7 +92,11 @@ class _GenerateBody(_Body):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
-    user: StrictStr | None = None  # an end-user id for the operator's logs; changes no output
+    # OpenAI's, changing no output here (IGNORED): accepted and logged
+    user: StrictStr | None = None
+    store: StrictBool | None = None
+    metadata: dict[StrictStr, StrictStr] | None = None
+    service_tier: StrictStr | None = None
     # vLLM's: lower runs first among the tenant's own requests waiting for the engine
     priority: Annotated[StrictInt, Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])] = 0
     # vLLM's: prefix-cache blocks are shared only between requests of the same salt (and tenant)
@@ -120,13 +115,17 @@ class _GenerateBody(_Body):
     use_beam_search: StrictBool = False
     length_penalty: Number = 1.0
     early_stopping: StrictBool | Literal["never"] = False
-    # defined by OpenAI or vLLM, not implemented: accepted only with the neutral value (NEUTRAL)
-    frequency_penalty: Number | None = None
-    presence_penalty: Number | None = None
-    repetition_penalty: Number | None = None
-    min_p: Number | None = None
-    min_tokens: StrictInt | None = None
-    logit_bias: dict[str, Number] | None = None
+    # OpenAI's and vLLM's logits rules (SamplingParams gives their meaning and checks their ranges)
+    frequency_penalty: Number = 0.0
+    presence_penalty: Number = 0.0
+    repetition_penalty: Number = 1.0
+    min_p: Number = 0.0
+    min_tokens: StrictInt = 0
+    logit_bias: Annotated[dict[StrictStr, Number], Field(max_length=MAX_TOKEN_RULES)] | None = None  # token id (text): bias
+    bad_words: Capped(StrictStr, MAX_BAD_WORDS) | None = None
+    allowed_token_ids: Capped(StrictInt, MAX_TOKEN_RULES) | None = None
+    include_stop_str_in_output: StrictBool = False
+    # defined by vLLM, not implemented: accepted only with the neutral value (NEUTRAL)
     guided_whitespace_pattern: StrictStr | None = None
     guided_grammar: StrictStr | None = None
 
@@ -161,7 +160,7 @@ class ChatBody(_GenerateBody):
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: Capped(Any, MAX_MESSAGES) | None = None
     tool_choice: Any = None
-    parallel_tool_calls: StrictBool | None = None  # meaningful only with tools, which must be empty
+    parallel_tool_calls: StrictBool | None = None  # IGNORED: one call per reply at most is what is parsed
 
 
 def completion_prompts(body: CompletionBody) -> list[str | list[int]]:
@@ -197,86 +196,3 @@ def check_reply_size(echoed: list[int], n: int, max_tokens: int | None, logprobs
         raise ProtocolError(f"logprobs: the reply could carry {size:,} logprobs (prompts x n x (echoed prompt tokens + "
                             f"max_tokens) x (logprobs + 1)), more than {MAX_REPLY_LOGPROBS:,}; ask for fewer prompts, "
                             f"samples, tokens or logprobs", param="logprobs")
-
-
-def check_unsupported(body: _GenerateBody) -> None:
-    """Fields nano_infer does not implement are refused unless neutral (400 naming the field)."""
-    for name, neutral in NEUTRAL.items():
-        value = getattr(body, name, None)
-        if value is not None and value not in neutral:
-            raise ProtocolError(f"{name}={_short(value)} is not supported by this server; leave it out"
-                                + (f" or send {neutral[0]!r}" if neutral else ""), param=name)
-    if isinstance(body, CompletionBody) and body.best_of not in (None, body.n):
-        raise ProtocolError("best_of is not supported (only best_of == n)", param="best_of")
-
-
-def sampling_params(body: _GenerateBody, max_tokens: int | None, logprobs: int | None,
-                    prompt_logprobs: int | None = None) -> SamplingParams:
-    """The SamplingParams `body` asks for; ProtocolError (400) for anything it cannot honour."""
-    check_unsupported(body)
-    for name, default in (("length_penalty", 1.0), ("early_stopping", False)):
-        if getattr(body, name) != default:
-            raise ProtocolError(f"{name} applies to beam search only: send use_beam_search: true", param=name)
-    regex, schema, choice = constraint_fields(body)
-    try:
-        return SamplingParams(n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                              max_tokens=max_tokens, stop=body.stop, seed=body.seed, ignore_eos=body.ignore_eos,
-                              stop_token_ids=body.stop_token_ids, skip_special_tokens=body.skip_special_tokens,
-                              regex=regex, json_schema=schema, choice=choice, logprobs=logprobs,
-                              prompt_logprobs=prompt_logprobs)
-    except ValueError as e:
-        raise ProtocolError(str(e).replace("SamplingParams.", ""), param=_param_of(str(e))) from e
-
-
-def constraint_fields(body: _GenerateBody) -> tuple[str | None, Any, list[str] | None]:
-    """(regex, json_schema, choice) from whichever of the three ways the body used; at most one."""
-    asked = []  # (field, regex, schema, choice)
-    fmt = body.response_format
-    if fmt is not None and fmt.type == "json_schema":
-        if fmt.json_schema is None:
-            raise ProtocolError("response_format: type 'json_schema' needs a 'json_schema': {'schema': {...}}",
-                                param="response_format")
-        asked.append(("response_format", None, fmt.json_schema.schema_, None))
-    elif fmt is not None and fmt.type == "json_object":
-        asked.append(("response_format", None, JSON_OBJECT, None))
-    if body.guided_regex is not None:
-        asked.append(("guided_regex", body.guided_regex, None, None))
-    if body.guided_json is not None:
-        asked.append(("guided_json", None, _schema(body.guided_json, "guided_json"), None))
-    if body.guided_choice is not None:
-        asked.append(("guided_choice", None, None, body.guided_choice))
-    so = body.structured_outputs
-    if so is not None:
-        if so.grammar is not None:
-            raise ProtocolError("structured_outputs.grammar is not supported (regex, json, choice and "
-                                "json_object are)", param="structured_outputs")
-        given = [k for k in ("regex", "json_", "choice", "json_object") if getattr(so, k) not in (None, False)]
-        if len(given) != 1:
-            raise ProtocolError("structured_outputs needs exactly one of regex, json, choice, json_object",
-                                param="structured_outputs")
-        schema = JSON_OBJECT if so.json_object else _schema(so.json_, "structured_outputs.json") \
-            if so.json_ is not None else None
-        asked.append(("structured_outputs", so.regex, schema, so.choice))
-    if len(asked) > 1:
-        raise ProtocolError(f"give one constraint per request (got {', '.join(a[0] for a in asked)})", param=asked[1][0])
-    return asked[0][1:] if asked else (None, None, None)
-
-
-def _schema(value, field: str):
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ProtocolError(f"{field} is not valid JSON: {e}", param=field) from e
-    return value
-
-
-def _param_of(message: str) -> str | None:
-    """The field a SamplingParams error names ("SamplingParams.top_k=... is invalid")."""
-    head = message.removeprefix("SamplingParams.").split("=", 1)[0]
-    return head if head.isidentifier() else None
-
-
-def _short(value, limit: int = 80) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[:limit] + "..."

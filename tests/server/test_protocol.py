@@ -46,9 +46,11 @@ def test_vllm_constraint_fields_constrain(client, model, extra, check, temperatu
     ({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs"),
     ({"structured_outputs": {}}, "structured_outputs"),
     ({"guided_json": "{not json"}, "guided_json"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"repetition_penalty": 1.2}, "repetition_penalty"),
-    ({"logit_bias": {"3": 1}}, "logit_bias"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"logit_bias": {"three": 1}}, "logit_bias"),
+    ({"min_tokens": 9}, "min_tokens"),  # more than max_tokens
+    ({"use_beam_search": True, "n": 2, "presence_penalty": 0.5}, "presence_penalty"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
@@ -62,10 +64,31 @@ def test_what_the_server_does_not_do_is_refused_by_name(client, model, extra, pa
     assert e.value.body["param"] == param, e.value.body
 
 
-def test_neutral_values_of_unimplemented_fields_are_accepted(client, model):
-    reply = client.chat.completions.create(model=model, messages=CHAT, max_tokens=3, frequency_penalty=0,
-                                           presence_penalty=0, logit_bias={}, user="u1", tools=[], tool_choice="none")
+def test_neutral_values_and_fields_that_change_nothing_are_accepted(client, model, caplog):
+    with caplog.at_level("INFO", logger="nano_infer.server.sampling"):
+        reply = client.chat.completions.create(
+            model=model, messages=CHAT, max_tokens=3, frequency_penalty=0, presence_penalty=0, logit_bias={}, user="u1",
+            tools=[], tool_choice="none", store=False, metadata={"k": "v"}, service_tier="auto",
+            parallel_tool_calls=True)
     assert reply.choices[0].message.content is not None
+    assert "store, metadata, service_tier, parallel_tool_calls, user" in caplog.text
+
+
+def test_sampling_knobs_reach_the_engine(client, model, qwen2_dir):
+    """The server's penalties, logit_bias, bad_words and min_tokens give what the engine gives for them."""
+    knobs = dict(repetition_penalty=1.8, presence_penalty=0.5, frequency_penalty=0.3, min_p=0.05, min_tokens=3,
+                 bad_words=["the"], allowed_token_ids=list(range(3, 400)), include_stop_str_in_output=True)
+    llm = LLM(str(qwen2_dir), dtype="float32", block_size=4)
+    first = llm.generate(prompt_token_ids=[llm.apply_chat_template(CHAT)], sampling_params=SamplingParams(
+        temperature=0, max_tokens=8))[0].outputs[0].token_ids[0]
+    bias = {first: -100.0, 7: 5.0}
+    ref = llm.generate(prompt_token_ids=[llm.apply_chat_template(CHAT)], sampling_params=SamplingParams(
+        temperature=0, max_tokens=8, logit_bias=bias, **knobs))[0].outputs[0].text
+    reply = client.chat.completions.create(model=model, messages=CHAT, max_tokens=8, temperature=0,
+                                           presence_penalty=0.5, frequency_penalty=0.3,
+                                           logit_bias={str(k): v for k, v in bias.items()}, extra_body={
+                                               k: v for k, v in knobs.items() if "_penalty" not in k or k[0] == "r"})
+    assert reply.choices[0].message.content == ref
 
 
 def test_chat_logprobs_equal_the_engine_and_stream_the_same(client, model, qwen2_dir):
