@@ -5,6 +5,10 @@ from dataclasses import dataclass, field
 
 from ..sampling_params import SAMPLING_EPS, SamplingParams, _is_int, _is_real
 
+# length ** length_penalty stays a finite, non-zero float for every length up to 2**20 (2000 overflowed: a 500)
+MAX_LENGTH_PENALTY = 50
+
+
 @dataclass
 class BeamSearchParams:
     """Keep the `beam_width` most likely continuations at every step; return the `beam_width` best finished ones.
@@ -38,8 +42,9 @@ class BeamSearchParams:
             bad("max_tokens", "an integer >= 1 (or None: up to the model's length)")
         if not _is_real(self.temperature) or self.temperature < 0:
             bad("temperature", "a finite number >= 0 (0 scores the raw distribution)")
-        if not _is_real(self.length_penalty):
-            bad("length_penalty", "a finite number (1.0 divides by the length, 0 turns the penalty off)")
+        if not _is_real(self.length_penalty) or abs(self.length_penalty) > MAX_LENGTH_PENALTY:
+            bad("length_penalty", f"a number in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}] (1.0 divides by the "
+                                  f"length, 0 turns the penalty off)")
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             bad("early_stopping", "True, False or 'never'")
         for name in ("ignore_eos", "include_stop_str_in_output"):

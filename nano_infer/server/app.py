@@ -67,7 +67,8 @@ def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str 
     keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
     app.add_middleware(_Guard, allowed_hosts=allowed_hosts, limits=limits,
                        tenants=Tenants(keys, limits.max_requests_per_tenant, limits.retry_after), drain=drain or Drain())
-    _add_probes(app, llm, EngineMetrics(llm.engine, model_name))
+    app.state.metrics = EngineMetrics(llm.engine, model_name)  # errors.py counts the 500s on it
+    _add_probes(app, llm, app.state.metrics)
     work = FairQueue(SERVER_WORKERS, WORK_BACKLOG, "server", duty=WORK_DUTY)  # bodies parsed, replies rendered
     _add_api(app, llm, model_name, BodyParser(limits, work), work)
     return app

@@ -47,17 +47,32 @@ class BodyParser:
             raise invalid_field(_most_telling(e.errors(include_url=False, include_context=False, include_input=False))) from None
 
     def _check_shape(self, data: dict) -> None:
-        """At most max_body_keys object keys in all, nested at most max_body_depth levels."""
+        """At most max_body_keys object keys in all, nested at most max_body_depth levels, and no string (key or
+        value) with a lone surrogate: `\\ud800` is valid JSON but no text, and failed wherever it was encoded
+        (a model name echoed in a 404, a cache_salt) with a 500."""
         keys, stack = 0, [(data, 1)]
         while stack:
             node, depth = stack.pop()
             if depth > self.limits.max_body_depth:
                 raise APIError(400, f"the request body nests deeper than {self.limits.max_body_depth} levels")
             items = node.values() if isinstance(node, dict) else node
-            keys += len(node) if isinstance(node, dict) else 0
+            if isinstance(node, dict):
+                keys += len(node)
+                _check_text(node.keys())
             if keys > self.limits.max_body_keys:
                 raise APIError(400, f"the request body has more than {self.limits.max_body_keys:,} object keys")
+            _check_text(child for child in items if isinstance(child, str))
             stack.extend((child, depth + 1) for child in items if isinstance(child, (dict, list)))
+
+
+def _check_text(strings) -> None:
+    for text in strings:
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise APIError(400, "the request body has a lone surrogate (\\ud800-\\udfff) in a string: not valid "
+                                    "Unicode text") from None
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}

@@ -54,6 +54,9 @@ async def _http(request, exc: HTTPException):
 async def _crash(request, exc: Exception):
     error_id = uuid.uuid4().hex[:12]
     log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:  # nano_infer_server_internal_errors_total on /metrics
+        metrics.internal_errors += 1
     return APIError(500, f"internal server error (id {error_id}, in the server log)", "internal_server_error").response()
 
 

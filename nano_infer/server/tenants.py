@@ -11,6 +11,7 @@ in turn (FairQueue), so a tenant's 64 bodies of 4 MB take turns among themselves
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import secrets
 from dataclasses import dataclass
 
@@ -24,8 +25,11 @@ class Tenant:
     in_flight: int = 0
 
     def cache_salt(self, asked: str | None) -> str | None:
-        """The request's cache_salt: the client's own, inside the tenant's when salted."""
-        return f"{self.name}/{asked or ''}" if self.salted else asked
+        """The request's cache_salt: the client's own, inside the tenant's when salted. The client's is
+        digested, so the tenant's name in front cannot push a salt of the longest length past the limit."""
+        if not self.salted:
+            return asked
+        return f"{self.name}/{hashlib.sha256(asked.encode()).hexdigest() if asked else ''}"
 
 
 class Tenants:

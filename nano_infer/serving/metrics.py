@@ -16,6 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 class EngineMetrics:
     def __init__(self, engine, model_name: str):
         self.engine, self.model_name = engine, model_name
+        self.internal_errors = 0  # requests answered 500 by the server (errors.py), each a bug to look up in the log
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -61,6 +62,8 @@ class EngineMetrics:
                       engine.runner.num_forward_tokens)
         yield counter("generation_tokens", "Tokens generated.", engine.num_generated_tokens)
         yield counter("num_steps", "Engine steps run.", engine.num_steps)
+        yield counter("server_internal_errors", "Requests answered 500 (internal error, in the server log).",
+                      self.internal_errors)
 
     @staticmethod
     def _tier(tier, offloader, gauge, counter):

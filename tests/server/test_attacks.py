@@ -664,3 +664,39 @@ def test_19_scoring_prompts_slows_only_the_scorer(tenants):
     assert attacked < max(MAX_GAP, 3 * control), (attacked, control)
     assert set(flood.statuses) == {200}, flood.statuses
     settle(llm)
+
+
+def test_20_bodies_that_passed_validation_and_failed_inside_get_a_4xx(tenants, monkeypatch):
+    llm, server = tenants
+    beams = [as_attacker(server.url, "/v1/completions", {"prompt": "To be", "use_beam_search": True, "n": 2,
+                                                         "max_tokens": 4, "length_penalty": lp})
+             for lp in (2000, 1e308, -2000)]
+    assert all(r.status_code == 400 and r.json()["error"]["param"] == "length_penalty" for r in beams), beams[0].text
+    salted = as_attacker(server.url, "/v1/chat/completions", chat(cache_salt="s" * 256))
+    assert salted.status_code == 200, salted.text[:300]
+    headers = {"content-type": "application/json"}
+    for body in (b'{"model": "\\ud800", "messages": [{"role": "user", "content": "x"}]}',
+                 b'{"messages": [{"role": "user", "content": "x"}], "user": "\\udfff"}',
+                 b'{"messages": [{"role": "user", "content": "x"}], "\\ud800": 1}'):
+        r = as_attacker(server.url, "/v1/chat/completions", content=body, headers=headers)
+        assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"], (body, r.text[:300])
+
+
+def test_21_a_crash_in_a_handler_is_a_json_500_counted_on_metrics(tenants, monkeypatch):
+    llm, server = tenants
+    import nano_infer.server.app as app_module
+
+    def crash(*args):
+        raise RuntimeError("/secret/internal/path")
+
+    def crashes():
+        text = httpx.get(server.url + "/metrics").text
+        return float(next(line.split()[-1] for line in text.splitlines()
+                          if line.startswith("nano_infer_server_internal_errors_total")))
+
+    before = crashes()
+    monkeypatch.setattr(app_module, "_chat_request", crash)
+    r = as_attacker(server.url, "/v1/chat/completions", chat())
+    assert r.status_code == 500 and r.json()["error"]["type"] == "internal_server_error", r.text[:300]
+    assert "/secret" not in r.text and "RuntimeError" not in r.text
+    assert crashes() == before + 1
