@@ -10,7 +10,7 @@ GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup lab test test-unit test-fast test-notebooks test-book test-gpu gpu-wheels notebooks book chromium bench bench-ab models lm-eval tiny-model tiny-draft clean
+.PHONY: setup lab test test-unit test-fast test-notebooks test-book test-gpu gpu-wheels notebooks book chromium bench bench-ab models lm-eval llama-cpp tiny-model tiny-draft clean
 
 setup: $(STAMP)
 
@@ -104,6 +104,17 @@ lm-eval: $(LM_EVAL_STAMP)
 
 $(LM_EVAL_STAMP): $(STAMP)
 	$(PIP) install -q -c constraints.txt '$(LM_EVAL)'
+	touch $@
+
+# llama.cpp's Python binding, for the one-chat comparison in `make bench` (nano_infer/bench/llamacpp.py). PyPI has
+# only its source: pip builds it with cmake and a C++ compiler (~4 minutes on 2 cores). Never needed by `make test`.
+LLAMA_CPP := llama-cpp-python==0.3.36
+LLAMA_CPP_STAMP := $(VENV)/.llama-cpp-0.3.36
+
+llama-cpp: $(LLAMA_CPP_STAMP)
+
+$(LLAMA_CPP_STAMP): $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q -c constraints.txt '$(LLAMA_CPP)'
 	touch $@
 
 tiny-model: setup

@@ -6,7 +6,9 @@
     python -m nano_infer.bench --model smollm2-135m-shape --requests 32 --rounds 1 --dtype bfloat16
     python -m nano_infer.bench --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --engines nano_infer hf_continuous
 
-Prints a table per workload, a one-chat latency line per model and dtype, and a summary;
+Prints a table per workload, a one-chat latency line per model and dtype, a summary, and last
+one chat against llama.cpp on the same GGUF file with the decode roofline beside it
+(`llamacpp.py`; when llama-cpp-python is installed: `make llama-cpp`; else a line says it was skipped);
 writes everything (every round, medians, ratios, the machine) to
 bench_results/bench-<time>.json. The default run took 18 minutes on an idle 2-core CPU (most
 of it transformers on the two real shapes); a loaded machine stretches the wall times, which is
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..models.loader import pick_dtype
+from . import llamacpp
 from .compare import ENGINES, Bench, device_name
 from .presets import DTYPES, PRESETS, SHAPES, model_folder
 from .profile import KERNELS
@@ -56,6 +59,11 @@ def parse_args(argv=None):
                         "for transformers' own cache (default: 0.5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-latency", action="store_true", help="skip the one-chat latency case")
+    p.add_argument("--llama-cpp-model", default=str(llamacpp.DEFAULT_GGUF),
+                   help="the GGUF file of the one-chat comparison with llama.cpp (default: %(default)s)")
+    p.add_argument("--llama-cpp-rounds", type=int, default=3, help="rounds of that comparison (default: 3)")
+    p.add_argument("--no-llama-cpp", action="store_true", help="skip the one-chat comparison with llama.cpp "
+                   "(a --quick run skips it too)")
     p.add_argument("--quick", action="store_true", help="8 short requests, 1 round, the engine's dtype, default model only")
     p.add_argument("--out", default="bench_results", help="folder for the JSON report")
     args = p.parse_args(argv)
@@ -193,6 +201,11 @@ def main(argv=None) -> dict:
             report["summary"] = summarize(report["models"])
             path.write_text(json.dumps(report, indent=1))  # after each model and dtype: a long run keeps what it did
     print(f"\n== summary (dtype='auto' here is {auto})", *report["summary"], sep="\n")
+    if not (args.no_llama_cpp or args.quick):
+        print("\n== one chat against llama.cpp", flush=True)
+        report["llama_cpp"] = llamacpp.run_or_explain(args.llama_cpp_model, rounds=args.llama_cpp_rounds,
+                                                      threads=args.threads or 2)
+        path.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {path}")
     return report
 

@@ -1,0 +1,103 @@
+"""The one-chat comparison with llama.cpp, without llama.cpp: the message when it is missing, the
+arguments, the ratio and roofline arithmetic, and the nano_infer side of a round."""
+import importlib.util
+
+import numpy as np
+import pytest
+
+from nano_infer.bench import llamacpp
+from nano_infer.bench.__main__ import parse_args as bench_args
+
+
+@pytest.fixture
+def no_workers(monkeypatch):
+    """A skipped comparison must start no worker process."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(llamacpp, "Worker", refuse)
+
+
+def test_missing_llama_cpp_says_how_to_install_it_and_runs_nothing(monkeypatch, capsys, no_workers):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(llamacpp.importlib.util, "find_spec", lambda name: None if name == "llama_cpp" else real(name))
+    why = llamacpp.missing()
+    assert "llama-cpp-python is not installed" in why and "make llama-cpp" in why
+    assert llamacpp.run_or_explain(llamacpp.DEFAULT_GGUF) == {"skipped": why}
+    assert capsys.readouterr().out.strip() == why
+
+
+def test_a_missing_gguf_file_is_named_with_the_command_that_fetches_it(monkeypatch, tmp_path, capsys, no_workers):
+    monkeypatch.setattr(llamacpp, "missing", lambda: None)  # as if llama-cpp-python were installed
+    gone = tmp_path / "none.gguf"
+    result = llamacpp.run_or_explain(gone)
+    assert str(gone) in result["skipped"] and "make models" in result["skipped"]
+    assert capsys.readouterr().out.strip() == result["skipped"]
+
+
+def test_arguments_defaults_and_refusals(capsys):
+    args = llamacpp.parse_args([])
+    assert (args.model, args.rounds, args.threads, args.max_tokens, args.worker) == (
+        str(llamacpp.DEFAULT_GGUF), 3, 2, 128, None)
+    for bad, said in ((["--rounds", "0"], "--rounds must be at least 1"), (["--threads", "0"], "--threads"),
+                      (["--max-tokens", "1"], "--max-tokens must be at least 2")):
+        with pytest.raises(SystemExit):
+            llamacpp.parse_args(bad)
+        assert said in capsys.readouterr().err
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        llamacpp.compare(rounds=0)
+
+
+def test_the_main_bench_runs_the_comparison_unless_told_not_to():
+    args = bench_args([])
+    assert not args.no_llama_cpp and args.llama_cpp_model == str(llamacpp.DEFAULT_GGUF) and args.llama_cpp_rounds == 3
+    assert bench_args(["--no-llama-cpp", "--llama-cpp-rounds", "5"]).no_llama_cpp
+
+
+def test_paired_ratios_are_per_round_and_inconclusive_when_rounds_straddle_one():
+    r = llamacpp.paired_ratios([10.0, 20.0, 30.0], [20.0, 10.0, 30.0])
+    assert r["per_round"] == [0.5, 2.0, 1.0] and (r["median"], r["min"], r["max"]) == (1.0, 0.5, 2.0)
+    assert r["verdict"] == "inconclusive"
+    assert llamacpp.paired_ratios([9.0, 12.0], [10.0, 15.0])["verdict"] == "nano_infer faster"
+    assert llamacpp.paired_ratios([11.0, 16.0], [10.0, 15.0])["verdict"] == "llama.cpp faster"
+    with pytest.raises(ValueError, match="paired rounds"):
+        llamacpp.paired_ratios([1.0, 2.0], [1.0])
+
+
+def test_chat_timing_splits_first_token_from_the_rest():
+    t = llamacpp.ChatTiming.from_times("e", 7, 1.0, [1.25, 1.30, 1.45], [4, 5, 6])
+    assert t.ttft_ms == pytest.approx(250) and t.ms_per_token == pytest.approx(100) and t.prompt_tokens == 7
+    with pytest.raises(ValueError, match="at least 2"):
+        llamacpp.ChatTiming.from_times("e", 7, 1.0, [1.25], [4])
+    assert llamacpp.leading_agreement([1, 2, 3, 4], [1, 2, 9, 4]) == 2
+    assert llamacpp.leading_agreement([1, 2], [1, 2, 3]) == 2
+
+
+def test_roofline_is_the_weights_read_once_at_the_bandwidth(tmp_path):
+    from gguf import GGUFWriter
+
+    path = tmp_path / "w.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    a, b = np.ones((64, 32), dtype=np.float32), np.ones((16,), dtype=np.float16)
+    writer.add_tensor("a", a)
+    writer.add_tensor("b", b)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    w = llamacpp.gguf_weight_bytes(path)
+    assert w == {"tensors": 2, "stored_bytes": a.nbytes + b.nbytes, "elements": a.size + b.size,
+                 "bfloat16_bytes": 2 * (a.size + b.size)}
+    roof = llamacpp.roofline(w, bandwidth=1e6)
+    assert roof["stored_ms"] == pytest.approx(1e3 * (a.nbytes + b.nbytes) / 1e6)
+    assert roof["bfloat16_ms"] == pytest.approx(1e3 * 2 * (a.size + b.size) / 1e6)
+
+
+def test_a_nano_infer_round_times_exactly_the_tokens_asked_for(qwen2_dir):
+    """Each round's chat differs from the first line on (no prefix cache serves it); the run ignores EOS."""
+    encode, run = llamacpp._nano_worker(str(qwen2_dir), threads=2)
+    first, second = encode(llamacpp.chat(1)), encode(llamacpp.chat(2))
+    assert llamacpp.leading_agreement(first, second) < 16  # inside the first block (16 tokens): no block shared
+    t = run(first, 6)
+    assert t.engine == "nano_infer" and t.prompt_tokens == len(first) and len(t.token_ids) == 6
+    assert t.ttft_ms > 0 and t.ms_per_token > 0
