@@ -38,7 +38,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-request-bytes", type=int, default=DEFAULTS.max_body_bytes,
                    help="larger request bodies get 413 (default: %(default)s)")
     p.add_argument("--max-requests-per-tenant", type=int, default=DEFAULTS.max_requests_per_tenant,
-                   help="requests in flight per tenant (API key, else client address); more get 429 (default: %(default)s)")
+                   help="requests in flight per tenant (API key, else client address); more wait (default: %(default)s)")
+    p.add_argument("--max-queued-per-tenant", type=int, default=DEFAULTS.max_queued_per_tenant,
+                   help="requests of one tenant waiting for one in flight to finish; more get 429 (default: %(default)s)")
     p.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
                    help="open connections; more get 503 and are closed (default: %(default)s)")
     p.add_argument("--max-connections-per-client", type=int, default=DEFAULTS.max_connections_per_peer,
@@ -78,6 +80,7 @@ def serve(args: argparse.Namespace) -> int:
         # json_object's regex takes seconds to compile: do it now, so that no request waits for it past its time limit
         threading.Thread(target=_precompile_json_object, args=(llm,), name="nano_infer-warm", daemon=True).start()
     limits = ServerLimits(max_body_bytes=args.max_request_bytes, max_requests_per_tenant=args.max_requests_per_tenant,
+                          max_queued_per_tenant=args.max_queued_per_tenant,
                           max_connections=args.max_connections, max_connections_per_peer=args.max_connections_per_client,
                           request_timeout=args.request_timeout, send_timeout=args.send_timeout,
                           shutdown_timeout=args.shutdown_timeout)

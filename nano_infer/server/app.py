@@ -66,7 +66,7 @@ def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str 
                   exception_handlers=EXCEPTION_HANDLERS)
     keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
     app.add_middleware(_Guard, allowed_hosts=allowed_hosts, limits=limits,
-                       tenants=Tenants(keys, limits.max_requests_per_tenant, limits.retry_after), drain=drain or Drain())
+                       tenants=Tenants(keys, limits), drain=drain or Drain())
     app.state.metrics = EngineMetrics(llm.engine, model_name)  # errors.py counts the 500s on it
     _add_probes(app, llm, app.state.metrics)
     work = FairQueue(SERVER_WORKERS, WORK_BACKLOG, "server", duty=WORK_DUTY)  # bodies parsed, replies rendered

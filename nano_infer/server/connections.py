@@ -6,7 +6,8 @@ closes it, and starts no timer before a connection's first request: 20,000 conne
 sent one byte each ran the server out of file descriptors. Here a connection beyond
 `max_connections`, or beyond `max_connections_per_peer` from one address, gets 503 and is closed
 at once, and a request whose head and body have not all arrived `request_timeout` seconds after
-its first byte is closed (a stream in progress is not: its request has arrived).
+its first byte is closed (a stream in progress is not: its request has arrived, nor a request held
+unread in its tenant's queue, tenants.py).
 """
 from __future__ import annotations
 
@@ -63,5 +64,9 @@ class _GuardedH11(H11Protocol):
 
     def _request_timed_out(self) -> None:
         self._deadline = None
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and cycle.scope["state"].get("held"):  # its tenant's queue holds it, unread
+            self._arm()
+            return
         if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
             self.transport.close()  # the request never finished arriving

@@ -5,8 +5,8 @@ requests whose Host header names localhost (compared case-insensitively, and onl
 `name[:port]` or `[v6][:port]`): a web page the user visits cannot reach it through DNS rebinding.
 A request with both Content-Length and Transfer-Encoding is refused, as RFC 9112 allows: two
 framings are how a request is smuggled past a proxy that reads the other one. On /v1/* the API key
-is checked next, then the tenant's requests in flight (tenants.py), so a client without a key
-costs no parsing at all. A body over `max_body_bytes` gets 413 whether it announces its length or
+is checked next, then the tenant's requests in flight (tenants.py: past its share a request waits,
+its body unread), so a client without a key costs no parsing at all. A body over `max_body_bytes` gets 413 whether it announces its length or
 not (chunked: counted as it arrives). A client that takes no bytes of its reply for
 `send_timeout` seconds is cut off: its request is aborted instead of holding memory and a
 connection until the server stops. Once the server is stopping (`Drain`) and its shutdown
@@ -79,9 +79,11 @@ class _Guard:
             self._check_head(headers)
             if not scope["path"].startswith("/v1/"):
                 return await self.app(scope, self._limited(receive), send)
-            name = self.tenants.identify(headers, scope.get("client"))
-            with self.tenants.admitted(name) as tenant:
-                scope.setdefault("state", {})["tenant"] = tenant
+            name = self.tenants.identify(scope["headers"], scope.get("client"))
+            state = scope.setdefault("state", {})
+            state["held"] = True  # waiting for a slot, its body unread: not a slow sender (connections.py)
+            async with self.tenants.admitted(name) as tenant:
+                state["held"], state["tenant"] = False, tenant
                 return await self.app(scope, self._limited(receive), self._timed(send))
         except APIError as error:
             return await _send_error(send, error)

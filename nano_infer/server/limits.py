@@ -21,8 +21,13 @@ class ServerLimits:
     request_timeout: float = 30.0  # seconds for a request's head and body to arrive, once it has begun
     keep_alive: int = 5  # seconds an idle connection stays open between requests (uvicorn's timeout_keep_alive)
     max_connections: int = 1024  # open connections; beyond, 503 and closed at once (uvicorn's limit_concurrency)
-    max_connections_per_peer: int = 256  # open connections from one address, so one host cannot take them all
-    max_requests_per_tenant: int = 64  # requests in flight per tenant (API key, else address); beyond, 429
+    # open connections from one address, so one host cannot take them all; room for a load client's 256
+    # concurrent requests while its finished connections close
+    max_connections_per_peer: int = 512
+    max_requests_per_tenant: int = 64  # requests in flight per tenant (API key, else address); beyond, they wait
+    max_queued_per_tenant: int = 512  # requests of one tenant waiting for one in flight to finish; beyond, 429
+    tenant_ipv4_prefix: int = 32  # without keys, a tenant is an address's network: /32 the address alone
+    tenant_ipv6_prefix: int = 64  # an IPv6 host usually holds a whole /64
     send_timeout: float = 60.0  # a client that takes no bytes of its reply for this long is disconnected
     shutdown_timeout: float = 30.0  # on SIGTERM, seconds in-flight requests get to finish before the exit
     retry_after: int = 1  # seconds, in the Retry-After of a 429
@@ -31,3 +36,6 @@ class ServerLimits:
         for name, value in vars(self).items():
             if not value > 0:
                 raise ValueError(f"ServerLimits.{name}={value!r} must be > 0")
+        if self.tenant_ipv4_prefix > 32 or self.tenant_ipv6_prefix > 128:
+            raise ValueError(f"ServerLimits.tenant_ipv4_prefix / tenant_ipv6_prefix must be at most 32 / 128 "
+                             f"(got {self.tenant_ipv4_prefix} / {self.tenant_ipv6_prefix})")

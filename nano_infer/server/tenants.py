@@ -2,27 +2,34 @@
 
 The server is shared, and "one client cannot stall another" needs a rule for who "one client"
 is. With API keys, a tenant is a key (`--api-key` given several times: one per tenant); without,
-it is the peer's address. Per tenant the server counts requests in flight and answers 429 (with
-Retry-After) beyond `max_requests_per_tenant`, and with several keys salts its
+it is the peer's address, grouped by network (an IPv6 host holds a /64). Per tenant the server
+holds at most `max_requests_per_tenant` requests in flight; more wait for one of those to finish,
+their bodies unread (a load client at 256 concurrent requests is queued, as vLLM queues it, not
+refused), and past `max_queued_per_tenant` waiting get 429 with Retry-After. With several keys it salts its
 prefix-cache blocks, so no tenant can hit, or time, another's cached prompt. The engine admits
 tenants' requests in turn (AsyncLLM), and the server's workers parse, tokenize and render each tenant's
 in turn (FairQueue), so a tenant's 64 bodies of 4 MB take turns among themselves, not with everyone's.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import secrets
 from dataclasses import dataclass
 
 from .errors import APIError
+from .limits import ServerLimits
 
 
 @dataclass(eq=False)
 class Tenant:
-    name: str  # "key 0", "key 1", ... or the peer's address: never the key itself
+    name: str  # "key 0", "key 1", ... or the peer's address (its network): never the key itself
     salted: bool  # several keys: its prefix-cache blocks are its own
+    slots: asyncio.Semaphore  # its requests in flight: max_requests_per_tenant, taken in arrival order
     in_flight: int = 0
+    waiting: int = 0  # held for a slot, their bodies not read yet
 
     def cache_salt(self, asked: str | None) -> str | None:
         """The request's cache_salt: the client's own, inside the tenant's when salted. The client's is
@@ -33,36 +40,69 @@ class Tenant:
 
 
 class Tenants:
-    def __init__(self, api_keys: tuple[str, ...], max_in_flight: int, retry_after: int):
+    def __init__(self, api_keys: tuple[str, ...], limits: ServerLimits):
         self.keys = [k.encode() for k in api_keys]
-        self.max_in_flight, self.retry_after = max_in_flight, retry_after
-        self.active: dict[str, Tenant] = {}  # tenants with a request in flight
+        self.limits = limits
+        self.active: dict[str, Tenant] = {}  # tenants with a request in flight or waiting
 
-    def identify(self, headers: dict[bytes, bytes], client) -> str:
-        """The tenant's name; 401 without a valid key when keys are required. Every key is compared
-        in constant time, so the time taken says nothing of which key was close."""
+    def identify(self, headers: list[tuple[bytes, bytes]], client) -> str:
+        """The tenant's name; 401 without a valid key when keys are required, 400 for two Authorization
+        headers (which one counts would depend on the proxy). The key is what follows `Bearer ` (the scheme
+        in any case, then one space), compared exactly; HTTP itself drops whitespace around a header's
+        value. Every key is compared in constant time, so the time taken says nothing of which was close."""
         if not self.keys:
-            return client[0] if client else "unknown"
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+            return self._network(client[0]) if client else "unknown"
+        given = [value for name, value in headers if name == b"authorization"]
+        if len(given) > 1:
+            raise APIError(400, f"{len(given)} Authorization headers: send one", code="invalid_api_key")
+        scheme, _, token = (given or [b""])[0].partition(b" ")
         matches = [i for i, key in enumerate(self.keys) if secrets.compare_digest(token, key)]
         if scheme.lower() != b"bearer" or not matches:
             raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                            "authentication_error", code="invalid_api_key")
         return f"key {matches[0]}"
 
-    @contextlib.contextmanager
-    def admitted(self, name: str):
-        """Count one request in flight for the tenant `name` while inside; 429 past the cap."""
-        tenant = self.active.get(name) or Tenant(name, salted=len(self.keys) > 1)
-        if tenant.in_flight >= self.max_in_flight:
-            raise APIError(429, f"{tenant.in_flight} requests of yours are in flight, the most this server takes "
-                                f"from one client (--max-requests-per-tenant); retry after one finishes",
-                           "rate_limit_error", code="too_many_requests", headers={"Retry-After": str(self.retry_after)})
-        self.active[name] = tenant
-        tenant.in_flight += 1
+    def _network(self, address: str) -> str:
+        """Without keys a tenant is an address, and a host holds every address of its network: an IPv6 host
+        usually a whole /64. So addresses are grouped by network (tenant_ipv6_prefix, tenant_ipv4_prefix)."""
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return address  # not an IP address (a Unix socket's peer)
+        if ip.version == 6 and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        prefix = self.limits.tenant_ipv6_prefix if ip.version == 6 else self.limits.tenant_ipv4_prefix
+        if prefix >= ip.max_prefixlen:
+            return str(ip)
+        return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, name: str):
+        """Hold one of the tenant's max_requests_per_tenant slots while inside. Past them a request waits
+        for one, in arrival order, as vLLM queues a load; past max_queued_per_tenant waiting, 429."""
+        tenant = self.active.get(name)
+        if tenant is None:
+            tenant = self.active[name] = Tenant(name, salted=len(self.keys) > 1,
+                                                slots=asyncio.Semaphore(self.limits.max_requests_per_tenant))
+        if tenant.slots.locked() and tenant.waiting >= self.limits.max_queued_per_tenant:
+            raise APIError(429, f"{tenant.in_flight} requests of yours are in flight and {tenant.waiting} wait, the "
+                                f"most this server holds for one client (--max-requests-per-tenant, "
+                                f"--max-queued-per-tenant); retry after one finishes", "rate_limit_error",
+                           code="too_many_requests", headers={"Retry-After": str(self.limits.retry_after)})
+        tenant.waiting += 1
+        try:
+            await tenant.slots.acquire()
+            tenant.in_flight += 1
+        finally:
+            tenant.waiting -= 1
+            self._forget_if_idle(tenant)  # a client that left while it waited
         try:
             yield tenant
         finally:
             tenant.in_flight -= 1
-            if not tenant.in_flight:
-                del self.active[name]
+            tenant.slots.release()
+            self._forget_if_idle(tenant)
+
+    def _forget_if_idle(self, tenant: Tenant) -> None:
+        if not tenant.in_flight and not tenant.waiting and self.active.get(tenant.name) is tenant:
+            del self.active[tenant.name]
