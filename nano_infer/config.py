@@ -6,6 +6,7 @@ the model's config.json (the shapes), which is read before the weights.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 
 import torch
@@ -20,6 +21,8 @@ POLICIES = ("fcfs", "lpm")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 OFFLOADING_BACKENDS = ("native",)
 QUANTIZATIONS = (None, "gguf", "none", "int8", "int4")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,6 +61,13 @@ class EngineConfig:
     # how preemption frees blocks: "recompute" (drop, prefill again), "swap" (copy to the host tier and
     # back), "auto" (the cheaper by measured rates); None: "auto" with a host tier, else "recompute"
     preemption_mode: str | None = None
+    # vLLM's options, under vLLM's names, so its scripts run unchanged
+    seed: int | None = None  # seeds torch's generator once: requests without their own seed then repeat across runs
+    tokenizer: str | None = None  # a folder or hub id of the tokenizer, when it is not the model's
+    enable_prefix_caching: bool | None = None  # False: prefix_cache=None; True: the prefix_cache given ("auto": radix)
+    enforce_eager: bool = False  # vLLM's default: the decode step may be captured/compiled; True: plain eager steps
+    trust_remote_code: bool = False  # accepted: the model code is this package's own, no checkpoint code runs
+    disable_log_stats: bool = False  # accepted: the engine logs no periodic stats (the server's /metrics has them)
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs) -> EngineConfig:
@@ -95,6 +105,7 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size!r} must be an integer >= 1")
         if self.tensor_parallel_size > 1 and not self.distributed_timeout > 0:
             raise ValueError(f"distributed_timeout={self.distributed_timeout} must be > 0 seconds")
+        self._check_vllm_options()
         if self.prefix_cache == "auto":
             self.prefix_cache = "radix" if self.kv_cache == "paged" else None
         if self.prefix_cache is not None and self.kv_cache != "paged":
@@ -111,6 +122,19 @@ class EngineConfig:
             if self.kv_cache == "none":
                 raise ValueError("speculative_config verifies proposals against cached K/V: it needs kv_cache='paged' "
                                  "or 'contiguous'")
+
+    def _check_vllm_options(self) -> None:
+        """vLLM's switches mapped onto this engine's knobs; those that change nothing here say so in the log."""
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed={self.seed!r} must be an integer (or None)")
+        if self.enable_prefix_caching is False:
+            self.prefix_cache = None
+        elif self.enable_prefix_caching and self.kv_cache != "paged":
+            raise ValueError(f"enable_prefix_caching=True shares KV blocks, so it needs kv_cache='paged' "
+                             f"(got {self.kv_cache!r})")
+        if self.trust_remote_code:
+            logger.info("trust_remote_code=True changes nothing: no code from the checkpoint runs, the model is "
+                        "nano_infer's own Llama-family forward")
 
     def _check_offloading(self) -> None:
         """The host tier (stage 12) and the preemption mode that can use it."""

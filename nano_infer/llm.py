@@ -7,7 +7,9 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import sys
 from collections.abc import Sequence as Seq
 
@@ -16,6 +18,7 @@ from tqdm.auto import tqdm
 from .beam import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, length_penalised
 from .text.chat_template import chat_token_ids
 from .engine.llm_engine import LLMEngine
+from .inputs import PromptType, TokensPrompt, parse_prompt
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
@@ -36,29 +39,53 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def generate(self, prompts: str | list[str] | None = None,
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 prompt_token_ids: list[list[int]] | None = None, use_tqdm: bool | None = None) -> list[RequestOutput]:
+    def generate(self, prompts: PromptType | Seq[PromptType] | None = None,
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 prompt_token_ids: list[list[int]] | list[int] | None = None,
+                 use_tqdm: bool | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order.
 
-        All requests are queued first, so the scheduler batches them continuously; bad
-        input in any one raises ValueError before anything runs. The progress bar over
-        finished requests shows by default when stderr is a terminal.
+        A prompt is a string, a TextPrompt or a TokensPrompt (nano_infer.inputs), alone or in a list;
+        `prompt_token_ids=` is the older way to pass ids. Without sampling_params, the model's
+        generation_config.json decides (`get_default_sampling_params`), as in vLLM. All requests are
+        queued first, so the scheduler batches them continuously; bad input in any one raises
+        ValueError before anything runs. The progress bar shows by default when stderr is a terminal.
         """
         if prompts is None and prompt_token_ids is None:
-            raise ValueError("give prompts (strings) or prompt_token_ids (lists of token ids)")
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if prompt_token_ids is not None and prompt_token_ids and isinstance(prompt_token_ids[0], int):
-            prompt_token_ids = [prompt_token_ids]
-        count = len(prompts) if prompts is not None else len(prompt_token_ids)
+            raise ValueError("give prompts (strings, TextPrompt or TokensPrompt dicts) or prompt_token_ids")
+        if prompts is not None and (isinstance(prompts, (str, dict)) or not isinstance(prompts, Seq)):
+            prompts = [prompts]  # one prompt (anything else is refused by parse_prompt, naming its type)
+        if prompt_token_ids is not None:
+            if prompt_token_ids and isinstance(prompt_token_ids[0], int):
+                prompt_token_ids = [prompt_token_ids]
+            texts = prompts if prompts is not None else [None] * len(prompt_token_ids)
+            if len(texts) != len(prompt_token_ids):
+                raise ValueError(f"got {len(texts)} prompts for {len(prompt_token_ids)} lists of prompt_token_ids")
+            prompts = [TokensPrompt(prompt_token_ids=ids, **({"prompt": t} if t is not None else {}))
+                       for t, ids in zip(texts, prompt_token_ids)]
+        texts, token_ids, salts = zip(*map(parse_prompt, prompts)) if prompts else ((), (), ())
         if isinstance(sampling_params, Seq):
-            if len(sampling_params) != count:
-                raise ValueError(f"got {len(sampling_params)} SamplingParams for {count} prompts")
+            if len(sampling_params) != len(texts):
+                raise ValueError(f"got {len(sampling_params)} SamplingParams for {len(texts)} prompts")
             params = list(sampling_params)
         else:
-            params = [sampling_params or SamplingParams()] * count
-        return self._add_and_run(prompts or [None] * count, prompt_token_ids or [None] * count, params, use_tqdm)
+            params = [sampling_params or self.get_default_sampling_params()] * len(texts)
+        params = [p if salt is None else dataclasses.replace(p, cache_salt=salt) for p, salt in zip(params, salts)]
+        return self._add_and_run(list(texts), list(token_ids), params, use_tqdm)
+
+    def get_tokenizer(self):
+        """The Hugging Face tokenizer the engine encodes and decodes with."""
+        return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate uses without sampling_params: SamplingParams() with the model's
+        generation_config.json values (temperature, top_p, top_k, min_p, repetition_penalty,
+        max_new_tokens as max_tokens), as vLLM's default generation_config="auto" does."""
+        path = self.engine.model_dir / "generation_config.json"
+        config = json.loads(path.read_text()) if path.exists() and not self.engine.gguf_file else {}
+        names = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                 "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+        return SamplingParams(**{ours: config[theirs] for theirs, ours in names.items() if config.get(theirs) is not None})
 
     def _add_and_run(self, prompts: list, token_ids: list, params: list, use_tqdm: bool | None) -> list[RequestOutput]:
         """Queue every request (a bad one raises before anything runs), then run them all."""
@@ -75,7 +102,7 @@ class LLM:
         return self._run(ids, use_tqdm)
 
     def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool | None = None) -> list[BeamSearchOutput]:
-        """Beam search (chapter 11) for each prompt: a string, {"prompt": str} or {"prompt_token_ids": [...]}.
+        """Beam search (chapter 11) for each prompt: a string, a TextPrompt or a TokensPrompt.
 
         Each prompt is one request whose beams run inside the engine, batched with each other
         and with whatever else is queued; each output holds `beam_width` hypotheses, best first,
@@ -84,8 +111,9 @@ class LLM:
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}")
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-        texts, token_ids = zip(*(_split_prompt(p) for p in prompts)) if prompts else ((), ())
-        outs = self._add_and_run(list(texts), list(token_ids), [params] * len(prompts), use_tqdm)
+        texts, token_ids, salts = zip(*map(parse_prompt, prompts)) if prompts else ((), (), ())
+        beams = [params if salt is None else dataclasses.replace(params, cache_salt=salt) for salt in salts]
+        outs = self._add_and_run(list(texts), list(token_ids), beams, use_tqdm)
         return [BeamSearchOutput([self._beam_sequence(o, c, params) for c in o.outputs]) for o in outs]
 
     def _beam_sequence(self, out: RequestOutput, c, params: BeamSearchParams) -> BeamSearchSequence:
@@ -132,13 +160,3 @@ class LLM:
         token_ids = [self.apply_chat_template(c, **template_kwargs) for c in conversations]
         return self.generate(prompt_token_ids=token_ids, sampling_params=sampling_params, use_tqdm=use_tqdm)
 
-
-def _split_prompt(prompt) -> tuple[str | None, list[int] | None]:
-    """vLLM's prompt forms: a string, {"prompt": str} or {"prompt_token_ids": [...]}."""
-    if isinstance(prompt, str):
-        return prompt, None
-    if isinstance(prompt, dict) and set(prompt) == {"prompt"}:
-        return prompt["prompt"], None
-    if isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}:
-        return None, list(prompt["prompt_token_ids"])
-    raise ValueError(f"a prompt must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, got {prompt!r:.100}")

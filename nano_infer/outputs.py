@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 class Logprob:
     logprob: float  # natural log of the token's probability in the model's raw distribution
     rank: int  # 1 for the most likely token
+    decoded_token: str | None = None  # the token's text (vLLM's field)
 
 
 @dataclass
@@ -19,7 +20,8 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     # with SamplingParams(logprobs=k): per token, the sampled token and the k most likely ones
     logprobs: list[dict[int, Logprob]] | None = None
-    cumulative_logprob: float | None = None  # beam search: the log-probability of token_ids given the prompt
+    # the log-probability of token_ids given the prompt: with logprobs asked for (raw distribution), and in beam search
+    cumulative_logprob: float | None = None
 
     @property
     def finished(self) -> bool:

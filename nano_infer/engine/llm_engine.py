@@ -18,7 +18,6 @@ plots (memory.py).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from pathlib import Path
@@ -36,7 +35,8 @@ from .logits_processors import resolve_token_rules
 from .memory import StepRecorder
 from .model_runner import ModelRunner
 from .plugin import EnginePlugin, StepContext
-from ..models.loader import default_model, load_config, load_model, pick_dtype, resolve_model
+from ..models.loader import (default_model, eos_token_ids, load_config, load_model, load_tokenizer, pick_dtype,
+                             resolve_model)
 from .output_processor import OutputProcessor
 from ..outputs import RequestMetrics, RequestOutput
 from .request import Request, check_utf8
@@ -55,6 +55,8 @@ class LLMEngine:
         self.dtype, dtype_reason = pick_dtype(self.device, cfg.dtype)
         if self.device.type == "cpu":
             keep_freed_memory()
+        if cfg.seed is not None:  # vLLM's seed: requests without their own seed draw from torch's generator
+            torch.manual_seed(cfg.seed)
         self.model_dir, self.gguf_file = resolve_model(cfg.model or default_model(), cfg.gguf_file)
         self.model_name = cfg.model or str(self.model_dir)
         self.hf_config = load_config(self.model_dir, self.gguf_file)
@@ -62,8 +64,8 @@ class LLMEngine:
         self.tp, launch, self.device = driver_shard(cfg.tensor_parallel_size, self.device)
         self.model = load_model(self.model_dir, self.hf_config, self.device, self.dtype, self.max_model_len, self.tp,
                                 self.gguf_file, cfg.quantization)
-        self.tokenizer = self._load_tokenizer()
-        self.eos_token_ids = self._eos_token_ids()
+        self.tokenizer = load_tokenizer(self.model_dir, self.gguf_file, cfg.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.model_dir, self.tokenizer)
         self.vocab_size = self.hf_config.vocab_size
         self.kv_bytes_per_token = kv_bytes_per_token(
             self.hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim, self.dtype)
@@ -137,17 +139,6 @@ class LLMEngine:
         host = self.runner.host_pools[0]
         return (f"{line}; host tier of {host.nbytes / 2**20:,.1f} MiB = {self.kv.tier.num_blocks * self.kv.block_size:,} "
                 f"tokens, preemption by {self.config.preemption_mode}")
-
-    def _load_tokenizer(self):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(self.model_dir, gguf_file=self.gguf_file)
-
-    def _eos_token_ids(self) -> set[int]:
-        """generation_config.json's end-of-sequence ids (one or a list) and the tokenizer's."""
-        path = self.model_dir / "generation_config.json"
-        eos = json.loads(path.read_text()).get("eos_token_id") if path.exists() else None
-        return (set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}) - {None}
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None,

@@ -12,11 +12,12 @@ the step goes on for the others.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
 
-from .logprobs import logprob_entries, score_prompts
+from .logprobs import decode_entries, logprob_entries, score_prompts
 from ..outputs import CompletionOutput, Logprob, RequestOutput
 from .request import Request
 from .sampling import sample
@@ -56,7 +57,7 @@ class OutputProcessor:
                 self.scheduler.advance(entry.seq, entry.end)
             row = sample_row + sample_rows
         if scored:
-            score_prompts(logits, scored)
+            score_prompts(logits, scored, self.token_texts)
         if samplers:
             self._sample(logits, samplers, rows)
         for plugin, items in claimed.items():
@@ -71,6 +72,8 @@ class OutputProcessor:
         sample_logits = logits if rows == list(range(len(logits))) else logits[rows]  # no copy in the usual case
         tokens = draw(sample_logits, samplers, self.eos_token_ids)
         logprobs = token_logprobs(sample_logits, samplers, tokens)
+        if logprobs:
+            decode_entries(list(logprobs.values()), self.token_texts)
         now, touched = time.perf_counter(), self.touched
         for i, (seq, token) in enumerate(zip(samplers, tokens)):  # `isolated`, written out: once per token
             req = touched[seq.request_id] = self.requests[seq.request_id]
@@ -80,10 +83,16 @@ class OutputProcessor:
                 if isinstance(token, Exception):
                     raise token
                 if seq.logprobs is not None:
-                    seq.logprobs.append(logprobs.get(i))
+                    seq.logprobs.append(logprobs[i])
+                    seq.cumulative_logprob = (seq.cumulative_logprob or 0.0) + logprobs[i][token].logprob
                 self.append_token(seq, token, now)
             except Exception as e:  # noqa: BLE001 - this request fails; the step goes on for the others
                 self.fail(req, e)
+
+    @functools.cached_property
+    def token_texts(self) -> list[str]:
+        """Each token id's own text, for Logprob.decoded_token: decoded once, when logprobs are first asked for."""
+        return self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
 
     def isolated(self, seq: Sequence, fn, *args) -> None:
         """Run `fn(*args)` for one sequence's rows; if it raises, its request fails alone."""

@@ -57,6 +57,7 @@ class Request:
             seq.constraint = source if parent is None and index == 0 else source.fork()
         if params.logprobs is not None:
             seq.logprobs = list(parent.logprobs) if parent is not None and parent.logprobs is not None else []
+            seq.cumulative_logprob = parent.cumulative_logprob if parent is not None else None
         if params.prompt_logprobs is not None and index == 0:
             seq.prompt_logprobs = [None]  # the first token has no context to be scored in
         if self.stream or params.stop:  # text is needed while running; otherwise decode once at the end

@@ -47,7 +47,9 @@ class Sequence:
     # n > 1 on a paged cache: samples that fork off this sequence once its prompt is computed
     # (they share its blocks); the scheduler keeps a seat for each from admission on
     num_pending_forks: int = 0
-    cumulative_logprob: float | None = None  # a finished beam-search hypothesis: the sum of its tokens' logprobs
+    # the sum of its output tokens' logprobs: kept as they are sampled when params.logprobs is set; beam search sets it
+    # on a finished hypothesis
+    cumulative_logprob: float | None = None
 
     def __post_init__(self):
         if not self.token_ids:

@@ -16,6 +16,7 @@ full-precision copy of the model is ever held.
 """
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -73,6 +74,23 @@ def resolve_model_dir(model: str | os.PathLike) -> Path:
             f"could not fetch model {model!r} from the Hugging Face hub ({type(e).__name__}: {e}). "
             f"Without network, use a local folder or the shipped model: LLM() or LLM({str(TINY_MODEL_DIR)!r})"
         ) from e
+
+
+def load_tokenizer(model_dir: Path, gguf_file: str | None, tokenizer: str | None = None):
+    """The model's tokenizer, or `tokenizer` (a folder or hub id: vLLM's option) when given."""
+    from transformers import AutoTokenizer
+
+    if tokenizer is not None:
+        folder = Path(tokenizer).expanduser()  # a tokenizer's folder need not hold a config.json
+        return AutoTokenizer.from_pretrained(folder if folder.is_dir() else resolve_model_dir(tokenizer))
+    return AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf_file)
+
+
+def eos_token_ids(model_dir: Path, tokenizer) -> set[int]:
+    """generation_config.json's end-of-sequence ids (one or a list) and the tokenizer's."""
+    path = model_dir / "generation_config.json"
+    eos = json.loads(path.read_text()).get("eos_token_id") if path.exists() else None
+    return (set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}) - {None}
 
 
 def cpu_has_native_bf16() -> bool:
