@@ -92,3 +92,10 @@ def test_vllm_engine_options(qwen2_dir, caplog):
         LLM(str(qwen2_dir), kv_cache="contiguous", enable_prefix_caching=True)
     with pytest.raises(TypeError, match="unknown engine option"):
         LLM(str(qwen2_dir), enable_everything=True)
+
+
+def test_beam_search_params_import_from_where_vllm_has_them():
+    from nano_infer.beam import BeamSearchParams as from_beam
+    from nano_infer.sampling_params import BeamSearchParams
+
+    assert BeamSearchParams is from_beam
