@@ -11,11 +11,14 @@ not (chunked: counted as it arrives). A client that takes no bytes of its reply 
 `send_timeout` seconds is cut off: its request is aborted instead of holding memory and a
 connection until the server stops. Once the server is stopping (`Drain`) and its shutdown
 deadline has passed, a stream still running ends cleanly at its next chunk (an error event, then
-`[DONE]`), and a client that does not take that either is cut off a second later.
+`[DONE]`), and a client that does not take that either is cut off a second later; a request whose
+response has not begun (a reply not streamed, a stream waiting for its first token, a request
+waiting its turn) is cancelled and answered 503 with OpenAI's error body.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -43,6 +46,7 @@ def allowed_hosts_for(host: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]
 
 
 LAST_SEND_S = 1.0  # past the shutdown deadline, how long the last chunk of a stream may take to go out
+DRAIN_POLL_S = 0.25  # how often a request whose response has not begun looks at the shutdown deadline
 _SHUTTING_DOWN = ('data: {"error": {"message": "the server is shutting down", "type": "service_unavailable", '
                   '"param": null, "code": null}}\n\ndata: [DONE]\n\n').encode()
 
@@ -80,11 +84,8 @@ class _Guard:
             if not scope["path"].startswith("/v1/"):
                 return await self.app(scope, self._limited(receive), send)
             name = self.tenants.identify(scope["headers"], scope.get("client"))
-            state = scope.setdefault("state", {})
-            state["held"] = True  # waiting for a slot, its body unread: not a slow sender (connections.py)
-            async with self.tenants.admitted(name) as tenant:
-                state["held"], state["tenant"] = False, tenant
-                return await self.app(scope, self._limited(receive), self._timed(send))
+            started = []  # its response has begun
+            return await self._answered_by_deadline(self._admitted(name, scope, receive, send, started), started)
         except APIError as error:
             return await _send_error(send, error)
         except _Ended:
@@ -92,6 +93,30 @@ class _Guard:
         except _SlowReader:
             log.warning("a client took nothing of its reply for %g s (send_timeout), or at shutdown: disconnected",
                         self.limits.send_timeout)
+
+    async def _admitted(self, name: str, scope, receive, send, started: list):
+        state = scope.setdefault("state", {})
+        state["held"] = True  # waiting for a slot, its body unread: not a slow sender (connections.py)
+        async with self.tenants.admitted(name) as tenant:
+            state["held"], state["tenant"] = False, tenant
+            return await self.app(scope, self._limited(receive), self._timed(send, started))
+
+    async def _answered_by_deadline(self, work, started: list):
+        """Run the request `work`. If the shutdown deadline passes before its response has begun (a reply not
+        streamed, a stream or a request still waiting its turn), cancel it, which aborts its engine requests,
+        and answer 503: uvicorn's own deadline would answer a plain-text 500 a few seconds later."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not (await asyncio.wait({task}, timeout=DRAIN_POLL_S))[0]:
+                if self.drain.over() and not started:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+                    raise APIError(503, "the server is shutting down; retry on another instance or once it is back",
+                                   "service_unavailable")
+            return task.result()
+        finally:
+            task.cancel()  # this call was cancelled itself (uvicorn's backstop): the request goes with it
 
     def _check_head(self, headers: dict[bytes, bytes]) -> None:
         if self.allowed_hosts is not None and _hostname(headers.get(b"host", b"").decode("latin-1")) not in self.allowed_hosts:
@@ -115,8 +140,10 @@ class _Guard:
             return message
         return limited_receive
 
-    def _timed(self, send):
+    def _timed(self, send, started: list):
         async def timed_send(message):
+            if message["type"] == "http.response.start":
+                started.append(True)
             if self.drain.over() and message["type"] == "http.response.body" and message.get("more_body"):
                 await within(send({"type": "http.response.body", "body": _SHUTTING_DOWN, "more_body": False}), LAST_SEND_S)
                 raise _Ended

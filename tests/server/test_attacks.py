@@ -749,3 +749,42 @@ def test_23_a_load_client_past_its_share_waits_instead_of_an_error(server, allm)
     assert all(r.json()["usage"]["completion_tokens"] == 8 for r in responses)
     assert status == 200 and ttft < MAX_GAP, (status, ttft)
     settle(allm)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_24_at_shutdown_every_open_request_gets_a_json_answer(qwen2_dir, sig):
+    """Beam searches not streamed hold both seats in turn, and a stream waits for admission behind them:
+    told to stop, the server answers what has not finished 503 with OpenAI's error body by its deadline
+    and exits (uvicorn alone answered a plain-text 500 at its backstop)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("nano-infer")), "serve", "--model", str(qwen2_dir),
+                             "--port", str(port), "--log-level", "warning", "--dtype", "float32", "--max-num-seqs", "2",
+                             "--shutdown-timeout", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        wait_until_serving(proc, url)
+        beam = {"prompt": "To be", "use_beam_search": True, "n": 2, "max_tokens": 500, "ignore_eos": True,
+                "early_stopping": "never"}
+        waiting = {**chat(max_tokens=8), "stream": True}
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            beams = [pool.submit(post, url, "/v1/completions", beam, timeout=60) for _ in range(3)]
+            time.sleep(0.3)
+            stream_reply = pool.submit(post, url, "/v1/chat/completions", waiting, timeout=60)
+            time.sleep(0.3)
+            start = time.monotonic()
+            proc.send_signal(sig)
+            replies = [f.result() for f in beams] + [stream_reply.result()]
+        _, err = proc.communicate(timeout=30)
+        stopped = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert [r.status_code for r in replies].count(503) >= 2, [r.text[:100] for r in replies]  # the stream and a beam
+    assert replies[-1].status_code == 503
+    for r in replies:
+        if r.status_code != 200:
+            assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable", r.text[:300]
+    assert proc.returncode == 0 and "Traceback" not in err, err[:3000]
+    assert stopped < 1 + 4, stopped  # the shutdown timeout, the watchdog's and the drain's polls, the engine's exit
