@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .constrained.params import GuidedDecodingParams, StructuredOutputsParams
+
 # Below this temperature, sampling is greedy (as in vLLM): dividing logits by 1e-300 would
 # overflow to inf and turn the softmax into NaN.
 SAMPLING_EPS = 1e-5
@@ -83,6 +85,9 @@ class SamplingParams:
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
+    # vLLM's way to ask for regex / json_schema / choice (and the older guided_decoding): mapped onto them
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: GuidedDecodingParams | None = None
     # bad_words as token id sequences, set by the engine on its own copy of the params (it has the tokenizer)
     bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
 
@@ -91,7 +96,21 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self._map_structured_outputs()
         self.validate()
+
+    def _map_structured_outputs(self) -> None:
+        asked = [k for k in ("structured_outputs", "guided_decoding") if getattr(self, k) is not None]
+        if not asked:
+            return
+        given = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None]
+        if len(asked) > 1 or given:
+            raise ValueError(f"SamplingParams: give one constraint, got {asked + given}")
+        so = getattr(self, asked[0])
+        if not isinstance(so, StructuredOutputsParams):
+            raise ValueError(f"SamplingParams.{asked[0]} must be a StructuredOutputsParams, got {type(so).__name__}")
+        for name, value in so.constraint().items():
+            setattr(self, name, value)
 
     def validate(self) -> None:
         def bad(name, value, allowed):

@@ -17,7 +17,8 @@ over a minute). Keys may repeat, as JSON syntax allows.
 Supported: type (string, integer, number, boolean, null, array, object, or a list of these),
 properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength,
 pattern, enum, const, anyOf, oneOf (whose options must not overlap), allOf of one schema,
-and local $ref ("#/$defs/..." as pydantic writes them; not recursive). Annotations (title,
+local $ref ("#/$defs/..." as pydantic writes them; not recursive), and minimum, maximum,
+exclusiveMinimum, exclusiveMaximum (numbers.py, where every number's digits are bounded too). Annotations (title,
 description, default, ...) are ignored. Any other keyword raises ValueError naming it: a
 keyword that is skipped instead could let through output the schema forbids.
 """
@@ -28,15 +29,14 @@ import json
 import interegular
 
 from .byte_dfa import strip_anchors, unicode_escapes
+from .numbers import NUMBER, numeric_regex
 
 # One character of a JSON string: anything but '"', '\' and control characters, or an escape.
 # \u escapes of surrogates are left out: a lone one is not a character, and a pair would
 # count as two characters here but one after decoding (minLength/maxLength would be off).
 STRING_CHAR = (r'([^"\\\x00-\x1f]|\\["\\/bfnrt]'
                r'|\\u([0-9a-cA-CeEfF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}))')
-INTEGER = r"-?(0|[1-9][0-9]*)"
-NUMBER = INTEGER + r"(\.[0-9]+)?([eE][+-]?[0-9]+)?"
-SIMPLE_TYPES = {"integer": INTEGER, "number": NUMBER, "boolean": "(true|false)", "null": "null"}
+SIMPLE_TYPES = {"boolean": "(true|false)", "null": "null"}
 STRING = '"' + STRING_CHAR + '*"'
 SCALAR = "(" + "|".join([STRING, NUMBER, "true", "false", "null"]) + ")"
 ANY_JSON_DEPTH = 3
@@ -45,7 +45,7 @@ ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", 
                "deprecated", "readOnly", "writeOnly", "$defs", "definitions"}
 SUPPORTED = {"type", "properties", "required", "additionalProperties", "items", "minItems",
              "maxItems", "minLength", "maxLength", "pattern", "enum", "const", "anyOf", "oneOf",
-             "allOf", "$ref"}
+             "allOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
 REGEX_META = set(r"\.^$|?*+()[]{}")
 
 
@@ -131,6 +131,8 @@ class _Converter:
     def typed(self, kind, node: dict, path: str) -> str:
         if kind in SIMPLE_TYPES:
             return SIMPLE_TYPES[kind]
+        if kind in ("integer", "number"):
+            return numeric_regex(kind, node, path)
         if kind == "string":
             return self.string(node, path)
         if kind == "array":

@@ -65,6 +65,11 @@ SCHEMAS = {
     "any_object": {"type": "object"},  # response_format json_object
     "dict_of_ints": {"type": "object", "additionalProperties": {"type": "integer"}},
     "empty_object": {"type": "object", "additionalProperties": False},
+    # pydantic's Field(ge=0, le=150), Field(gt=0, le=1000), Field(ge=-20, lt=20)
+    "bounded": {"type": "object", "properties": {
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "price": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000},
+        "delta": {"type": "integer", "minimum": -20, "exclusiveMaximum": 20}}, "required": ["age", "price", "delta"]},
 }
 
 VALID = {
@@ -80,11 +85,15 @@ VALID = {
                    {"n": {"m": [False, 1], "e": {}}, "l": [[1], {"z": "w"}]}, {"a": {"b": {}}}],
     "dict_of_ints": [{}, {"a": 1, "b": -20}],
     "empty_object": [{}],
+    "bounded": [{"age": 0, "price": 0.5, "delta": -20}, {"age": 150, "price": 1000, "delta": 19},
+                {"age": 37, "price": 999.25, "delta": 0}],
 }
 
 INVALID = {
     "flat": ['{"age": 36}', '{"name": "", "age": 1}', '{"name":"Ada","age":36}', '{"age": 36, "name": "Ada"}',
-             '{"name": "Ada", "age": 1.5}', '{"name": "Ada", "age": 01}', '{"name": "a\\x", "age": 1}'],
+             '{"name": "Ada", "age": 1.5}', '{"name": "Ada", "age": 01}',
+             '{"name": "a\\x", "age": 1}',
+             '{"name": "Ada", "age": 1234567890123456}'],  # 16 digits: every integer's digits are bounded
     "all_optional": ['{, "b": "x"}', '{"a": 1,}', '{"b": "long"}'],
     "nested": ['{"user": {"id": 7, "tags": []}, "city": "北京"}', '{"user": {"id": 7, "tags": ["a"]}, "city": "巴黎"}'],
     "anyof": ['{"value": 3, "code": "ab-123"}'],
@@ -94,6 +103,9 @@ INVALID = {
     "any_object": ['{"a": {"b": {"c": [1]}}}', '{"a": [[[1]]]}', '{"a": [[{}]]}', '{"a": 1,}', '{1: 2}', '{"a":1}', "[1]", '"x"'],
     "dict_of_ints": ['{"a": "1"}', '{"a": 1.5}'],
     "empty_object": ['{"a": 1}'],
+    "bounded": ['{"age": 151, "price": 1, "delta": 0}', '{"age": -1, "price": 1, "delta": 0}',
+                '{"age": 1, "price": 0, "delta": 0}', '{"age": 1, "price": 1000.5, "delta": 0}',
+                '{"age": 1, "price": 1, "delta": 20}', '{"age": 1, "price": 1, "delta": -21}'],
 }
 
 
@@ -158,7 +170,10 @@ def test_choice_is_an_alternation_of_literals():
 BAD = [
     ('{"type": "object", ', "not valid JSON"),
     ({"type": "strin"}, "unknown type 'strin'"),
-    ({"type": "integer", "minimum": 0}, "keyword 'minimum' at #"),
+    ({"type": "integer", "multipleOf": 3}, "keyword 'multipleOf' at #"),
+    ({"type": "integer", "minimum": 5, "exclusiveMaximum": 5}, "no integer lies between"),
+    ({"type": "number", "maximum": 1e20}, "at most 15 digits"),
+    ({"type": "number", "minimum": "0"}, "'minimum' at # must be a finite number"),
     ({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}}, "'format' at #/properties/d"),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "not in properties"),
     ({"type": "object", "properties": [1]}, "'properties' at # must be an object"),
