@@ -28,7 +28,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
-                   help="the name clients pass as `model` (default: the hub id, or the model folder's name)")
+                   help="the name clients pass as `model` (default: the hub id, the GGUF file's name, or the model "
+                        "folder's name)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer <key>' on /v1/*; repeat for several tenants, each key one "
                         "(default: $NANO_INFER_API_KEY, comma-separated keys, else none)")

@@ -50,9 +50,12 @@ WORK_DUTY = 0.5  # a tenant keeps a worker busy at most half the time: the engin
 
 
 def public_model_name(llm: AsyncLLM) -> str:
-    """What clients call the model: the hub id, or a local folder's name (never its absolute path)."""
-    name = llm.engine.config.model
-    return Path(llm.engine.model_dir).name if name is None or Path(name).exists() else name
+    """What clients call the model: the hub id, a GGUF file's name, or a local folder's name (never an
+    absolute path); `--served-model-name` overrides it, as in vLLM."""
+    name, engine = llm.engine.config.model, llm.engine
+    if engine.gguf_file:
+        return Path(engine.gguf_file).name
+    return Path(engine.model_dir).name if name is None or Path(name).exists() else name
 
 
 def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str | tuple[str, ...] | None = None,

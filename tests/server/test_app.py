@@ -320,3 +320,13 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
     assert not seen["llm"].is_running  # shut down when the server stops
     assert main(["serve", "--model", str(tmp_path / "no-such-model")]) == 2
     assert "neither a local folder nor a hub id" in capsys.readouterr().err
+
+
+def test_a_gguf_file_is_served_under_its_own_name(tmp_path):
+    """Not its folder's (`models` for a pip-installed checkpoint): the file names the quantization too."""
+    from types import SimpleNamespace as NS
+
+    (tmp_path / "SmolLM2-135M-Instruct-Q4_1.gguf").write_bytes(b"")
+    for model in (str(tmp_path / "SmolLM2-135M-Instruct-Q4_1.gguf"), str(tmp_path)):
+        engine = NS(config=NS(model=model), model_dir=tmp_path, gguf_file="SmolLM2-135M-Instruct-Q4_1.gguf")
+        assert nano_infer.server.public_model_name(NS(engine=engine)) == "SmolLM2-135M-Instruct-Q4_1.gguf"
