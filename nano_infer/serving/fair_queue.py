@@ -89,22 +89,26 @@ class FairQueue:
 
     def _work(self) -> None:
         while (taken := self._take()) is not None:
-            tenant, (future, fn, args) = taken
-            start = time.monotonic()
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args))
-                except BaseException as e:  # noqa: BLE001 - the caller gets it
-                    future.set_exception(e)
-            with self._cond:
-                spent = time.monotonic() - start
-                self._used[tenant] += spent
-                self._running[tenant] -= 1
-                if self.duty < 1:
-                    self._ready_at[tenant] = time.monotonic() + spent * (1 / self.duty - 1)
-                if not self._running[tenant] and not self._queues[tenant]:  # idle: only its pause is kept
-                    for table in (self._queues, self._used, self._running):
-                        del table[tenant]
-                    now = time.monotonic()
-                    self._ready_at = {t: at for t, at in self._ready_at.items() if at > now}
-                self._cond.notify_all()
+            self._run(*taken)
+            taken = None  # an idle worker holds nothing of the last item (a reply's outputs)
+
+    def _run(self, tenant: str, item: tuple) -> None:
+        future, fn, args = item
+        start = time.monotonic()
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - the caller gets it
+                future.set_exception(e)
+        with self._cond:
+            spent = time.monotonic() - start
+            self._used[tenant] += spent
+            self._running[tenant] -= 1
+            if self.duty < 1:
+                self._ready_at[tenant] = time.monotonic() + spent * (1 / self.duty - 1)
+            if not self._running[tenant] and not self._queues[tenant]:  # idle: only its pause is kept
+                for table in (self._queues, self._used, self._running):
+                    del table[tenant]
+                now = time.monotonic()
+                self._ready_at = {t: at for t, at in self._ready_at.items() if at > now}
+            self._cond.notify_all()
