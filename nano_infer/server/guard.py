@@ -7,7 +7,8 @@ A request with both Content-Length and Transfer-Encoding is refused, as RFC 9112
 framings are how a request is smuggled past a proxy that reads the other one. On /v1/* the API key
 is checked next, then the tenant's requests in flight (tenants.py: past its share a request waits,
 its body unread), so a client without a key costs no parsing at all. A body over `max_body_bytes` gets 413 whether it announces its length or
-not (chunked: counted as it arrives). A client that takes no bytes of its reply for
+not (chunked: counted as it arrives), and a tenant's bodies are read at most body_bytes_per_s
+(after a burst of one whole body). A client that takes no bytes of its reply for
 `send_timeout` seconds is cut off: its request is aborted instead of holding memory and a
 connection until the server stops. Once the server is stopping (`Drain`) and its shutdown
 deadline has passed, a stream still running ends cleanly at its next chunk (an error event, then
@@ -99,7 +100,7 @@ class _Guard:
         state["held"] = True  # waiting for a slot, its body unread: not a slow sender (connections.py)
         async with self.tenants.admitted(name) as tenant:
             state["held"], state["tenant"] = False, tenant
-            return await self.app(scope, self._limited(receive), self._timed(send, started))
+            return await self.app(scope, self._limited(receive, name, state), self._timed(send, started))
 
     async def _answered_by_deadline(self, work, started: list):
         """Run the request `work`. If the shutdown deadline passes before its response has begun (a reply not
@@ -128,15 +129,23 @@ class _Guard:
         if not length.isdigit() or int(length) > self.limits.max_body_bytes:
             raise self._too_large()
 
-    def _limited(self, receive):
+    def _limited(self, receive, tenant: str | None = None, state: dict | None = None):
+        """`receive` with the body bounded in size and, for a tenant's request, paced by its body_bytes_per_s
+        (reading waits, and TCP makes the client wait too): the bytes and their parsing count against it."""
         received = 0
 
         async def limited_receive():
             nonlocal received
             message = await receive()
-            received += len(message.get("body", b""))
+            size = len(message.get("body", b""))
+            received += size
             if received > self.limits.max_body_bytes:  # a chunked body that outgrows its limit
                 raise HTTPException(413, self._too_large().message)
+            wait = self.tenants.charge_bytes(tenant, size) if tenant is not None and size else 0.0
+            if wait:
+                state["held"] = True  # waiting on its tenant's pace, not a slow sender (connections.py)
+                await asyncio.sleep(wait)
+                state["held"] = False
             return message
         return limited_receive
 

@@ -28,6 +28,8 @@ class ServerLimits:
     max_queued_per_tenant: int = 512  # requests of one tenant waiting for one in flight to finish; beyond, 429
     tenant_ipv4_prefix: int = 32  # without keys, a tenant is an address's network: /32 the address alone
     tenant_ipv6_prefix: int = 64  # an IPv6 host usually holds a whole /64
+    # body bytes one tenant may send per second, after a burst of one whole body; past it, reading waits
+    body_bytes_per_s: int = 32 * 1024**2
     send_timeout: float = 60.0  # a client that takes no bytes of its reply for this long is disconnected
     shutdown_timeout: float = 30.0  # on SIGTERM, seconds in-flight requests get to finish before the exit
     retry_after: int = 1  # seconds, in the Retry-After of a 429

@@ -17,10 +17,13 @@ import contextlib
 import hashlib
 import ipaddress
 import secrets
+import time
 from dataclasses import dataclass
 
 from .errors import APIError
 from .limits import ServerLimits
+
+BYTES_SWEEP = 1024  # tenants remembered by body pace before those back at a full bucket are forgotten
 
 
 @dataclass(eq=False)
@@ -44,6 +47,7 @@ class Tenants:
         self.keys = [k.encode() for k in api_keys]
         self.limits = limits
         self.active: dict[str, Tenant] = {}  # tenants with a request in flight or waiting
+        self.bytes: dict[str, tuple[float, float]] = {}  # per tenant: body bytes it may still send at once, when
 
     def identify(self, headers: list[tuple[bytes, bytes]], client) -> str:
         """The tenant's name; 401 without a valid key when keys are required, 400 for two Authorization
@@ -102,6 +106,18 @@ class Tenants:
             tenant.in_flight -= 1
             tenant.slots.release()
             self._forget_if_idle(tenant)
+
+    def charge_bytes(self, name: str, size: int) -> float:
+        """Count `size` bytes of body against the tenant's body_bytes_per_s (a token bucket holding one whole
+        body); the seconds its reading must now wait. 8 loops of 4 MB bodies, refused as they were, still
+        slowed another tenant's streams 4-5x when nothing paced them."""
+        rate, burst, now = self.limits.body_bytes_per_s, self.limits.max_body_bytes, time.monotonic()
+        allowance, stamp = self.bytes.get(name, (burst, now))
+        allowance = min(burst, allowance + (now - stamp) * rate) - size
+        self.bytes[name] = (allowance, now)
+        if len(self.bytes) > BYTES_SWEEP:  # forget the tenants whose bucket has filled up again
+            self.bytes = {t: (a, at) for t, (a, at) in self.bytes.items() if a + (now - at) * rate < burst}
+        return max(0.0, -allowance / rate)
 
     def _forget_if_idle(self, tenant: Tenant) -> None:
         if not tenant.in_flight and not tenant.waiting and self.active.get(tenant.name) is tenant:

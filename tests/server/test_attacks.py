@@ -237,7 +237,7 @@ def test_a_json_schema_response_after_the_attacks_is_valid(server):
 # -- Round 2 (issue 26): two tenants, each attack from the attacker's key beside the victim's streams --------------
 VICTIM, ATTACKER = "victim-key", "attacker-key"
 ROUND2_LIMITS = ServerLimits(request_timeout=1.5, max_connections_per_peer=32, max_requests_per_tenant=24,
-                             max_queued_per_tenant=3, send_timeout=3, shutdown_timeout=2)
+                             max_queued_per_tenant=3, body_bytes_per_s=8 * 1024**2, send_timeout=3, shutdown_timeout=2)
 
 
 @pytest.fixture(scope="module")
@@ -612,6 +612,7 @@ class Flood:
                 self.statuses[client.post(url + path, content=body).status_code] += 1
 
     def __enter__(self):
+        self.start = time.monotonic()
         for t in self.threads:
             t.start()
         time.sleep(1.0)  # the backlog builds up
@@ -621,6 +622,7 @@ class Flood:
         self.stop.set()
         for t in self.threads:
             t.join(120)
+        self.seconds = time.monotonic() - self.start
 
 
 def test_17_one_tenants_tokenizing_backlog_does_not_delay_another(tenants, monkeypatch):
@@ -785,3 +787,18 @@ def test_24_at_shutdown_every_open_request_gets_a_json_answer(qwen2_dir, sig):
         if r.status_code != 200:
             assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable", r.text[:300]
     assert proc.returncode == 0 and "Traceback" not in err, err[:3000]
+
+
+def test_25_a_tenants_bodies_are_read_at_its_pace(tenants):
+    """8 loops of 4 MB bodies of whitespace (a 400 each, cheaply): the attacker's bytes are read at most
+    body_bytes_per_s after a burst, and the other tenant's first token does not wait for them."""
+    llm, server = tenants
+    blank = b" " * (ROUND2_LIMITS.max_body_bytes - 16) + b"{}"
+    control = victim_first_tokens(server.url)
+    with Flood(server.url, "/v1/chat/completions", blank, 8) as flood:
+        attacked = victim_first_tokens(server.url)
+    assert attacked < max(MAX_GAP, 3 * control), (attacked, control)
+    assert set(flood.statuses) == {400}, flood.statuses
+    # what the pace lets through in the flood's time: a burst of one body, the rate, and one body per loop begun
+    allowed = ROUND2_LIMITS.max_body_bytes + ROUND2_LIMITS.body_bytes_per_s * flood.seconds + 8 * len(blank)
+    assert sum(flood.statuses.values()) * len(blank) <= allowed, (flood.statuses, flood.seconds)
