@@ -151,6 +151,7 @@ class LLM:
         cannot open a system turn) unless `allow_special_tokens=True` (see chat_template)."""
         if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
             raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        kwargs = {**getattr(messages, "template_kwargs", {}), **kwargs}  # a Chat carries its tools
         return chat_token_ids(self.tokenizer, messages, add_generation_prompt, allow_special_tokens, **kwargs)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,

@@ -34,6 +34,7 @@ from ..serving.metrics import EngineMetrics
 from .protocol import (ChatBody, CompletionBody, ContentPart, ProtocolError, check_reply_size, completion_prompts,
                         max_prompt_tokens)
 from .sampling import sampling_params
+from .tools import chat_messages, tool_plan
 from ..sampling_params import SamplingParams
 from .body import BodyParser
 from .errors import EXCEPTION_HANDLERS, APIError
@@ -136,7 +137,7 @@ def _chat_request(body: ChatBody, model_name: str, max_model_len: int) -> tuple[
     _check_model(body.model, model_name)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    messages = [{"role": m.role, "content": _text_of(m.content)} for m in body.messages]
+    messages = chat_messages(body, _text_of)
     max_tokens, logprobs = body.max_completion_tokens or body.max_tokens, (body.top_logprobs or 0) if body.logprobs else None
     with _refusal():
         check_reply_size([0], body.n, max_tokens, logprobs, max_model_len)
@@ -195,7 +196,7 @@ async def _generate(llm: AsyncLLM, work: FairQueue, request: Request, body, prom
     params = replace(params, cache_salt=tenant.cache_salt(body.cache_salt))
     outputs = fan_out(llm, prompts, params, request_id, stream=body.stream, echo_only=echo and body.max_tokens == 0,
                       tenant=tenant.name, priority=body.priority)
-    render = _Render(llm.tokenizer, chat, params.logprobs, echo)
+    render = _Render(llm.tokenizer, chat, params.logprobs, echo, tool_plan(body) if chat else None)
     try:
         if not body.stream:
             collected = await unless_disconnected(request, _whole_reply(outputs))

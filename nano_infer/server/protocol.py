@@ -15,7 +15,7 @@ How a body becomes SamplingParams is server/sampling.py.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -31,6 +31,7 @@ MAX_CHOICES = 256
 # built): an echoed prompt's tokens count with the generated
 MAX_REPLY_LOGPROBS = 2**17
 MAX_MESSAGES = 2048  # messages of one chat
+MAX_TOOLS = 128  # tools of one request (OpenAI's limit), tool calls of one message
 MAX_LIST = 2**21  # token ids of one prompt (a 4 MiB body holds fewer), or any other list's items
 MAX_CHOICE_OPTIONS = 16_384  # guided_choice strings (their text is bounded by ConstraintLimits too)
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
@@ -146,11 +147,48 @@ class ContentPart(_Body):
     text: StrictStr | None = None
 
 
+class FunctionCall(_Body):
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Body):
+    """A call the assistant made, sent back in a later turn's assistant message."""
+
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Body):
-    """No `name`: the chat templates nano_infer serves do not render it, so it would change nothing."""
+    """No `name`: the chat templates nano_infer serves do not render it, so it would change nothing.
+    `content` may be left out (null) only by an assistant message that carries `tool_calls`."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | Capped(ContentPart, MAX_MESSAGES)
+    content: StrictStr | Capped(ContentPart, MAX_MESSAGES) | None = None
+    tool_calls: Capped(ToolCall, MAX_TOOLS) | None = None
+    tool_call_id: StrictStr | None = None  # a role "tool" message: which call this is the result of
+
+
+class FunctionDef(_Body):
+    name: Annotated[StrictStr, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule for a function's name
+    description: StrictStr | None = None
+    parameters: dict | None = None  # a JSON Schema of the arguments object (None: no arguments)
+    strict: StrictBool | None = None  # the arguments always follow the schema here (tools.py)
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: StrictStr
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatBody(_GenerateBody):
@@ -158,8 +196,8 @@ class ChatBody(_GenerateBody):
     max_completion_tokens: StrictInt | None = Field(None, ge=1)  # the newer name for max_tokens
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: Capped(Any, MAX_MESSAGES) | None = None
-    tool_choice: Any = None
+    tools: Capped(Tool, MAX_TOOLS) | None = None  # tools.py: how they are rendered, constrained and parsed
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None  # IGNORED: one call per reply at most is what is parsed
 
 

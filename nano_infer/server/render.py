@@ -23,6 +23,7 @@ import uuid
 from ..text.detokenizer import is_byte_level, token_bytes_table
 from ..outputs import CompletionOutput
 from .errors import APIError
+from .tools import ToolPlan, ToolStream
 
 log = logging.getLogger("nano_infer.server")
 
@@ -49,10 +50,12 @@ class _Render:
     """Outputs as OpenAI choices: a chat message or a completion text, with logprobs when asked
     and the prompt in front of the text with `echo`. Keeps per-sample state across chunks."""
 
-    def __init__(self, tokenizer, chat: bool, logprobs: int | None, echo: bool = False):
+    def __init__(self, tokenizer, chat: bool, logprobs: int | None, echo: bool = False, tools: ToolPlan | None = None):
         self.tokenizer, self.chat, self.logprobs, self.echo = tokenizer, chat, logprobs, echo
+        self.tools = tools if tools is not None and tools.choice != "none" else None
         self.started: set[int] = set()
         self.offsets: dict[int, int] = {}  # characters of text sent per sample (completions' text_offset)
+        self.tool_streams: dict[int, ToolStream] = {}  # per sample, with tools
 
     def choice(self, out, o, final: bool) -> dict:
         """One choice for a CompletionOutput `o` of the RequestOutput `out` (a delta while streaming,
@@ -65,11 +68,30 @@ class _Render:
         self.offsets[o.index] = self.offsets.get(o.index, 0) + len(text)
         if not self.chat:
             return {"index": o.index, "text": text, "logprobs": logprobs, "finish_reason": o.finish_reason}
+        if self.tools is not None:
+            return self._tool_choice(o, text, first, final, logprobs)
         if final:
             message = {"role": "assistant", "content": text}
             return {"index": o.index, "message": message, "logprobs": logprobs, "finish_reason": o.finish_reason}
         delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
         return {"index": o.index, "delta": delta, "logprobs": logprobs, "finish_reason": o.finish_reason}
+
+    def _tool_choice(self, o, text: str, first: bool, final: bool, logprobs) -> dict:
+        """A chat choice whose text may be tool calls (tools.py): parsed whole, or streamed as tool-call deltas."""
+        if final:
+            content, calls = self.tools.parse(text)
+            message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+            return {"index": o.index, "message": message, "logprobs": logprobs,
+                    "finish_reason": self._finish(o.finish_reason, calls)}
+        stream = self.tool_streams.setdefault(o.index, ToolStream(self.tools))
+        delta = stream.delta(text, o.finish_reason is not None)
+        delta = {"role": "assistant", "content": None, **delta} if first else delta
+        return {"index": o.index, "delta": delta, "logprobs": logprobs,
+                "finish_reason": self._finish(o.finish_reason, delta.get("tool_calls"))}
+
+    def _finish(self, reason: str | None, calls) -> str | None:
+        """"tool_calls" when the model chose to call ("auto", "required"); a forced function's reply stays "stop"."""
+        return "tool_calls" if calls and reason == "stop" and self.tools.choice != "named" else reason
 
     def _token(self, token_id: int) -> tuple[str, bytes]:
         data = self.tokenizer.decode([token_id]).encode() if not is_byte_level(self.tokenizer) else \

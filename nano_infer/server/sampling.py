@@ -10,15 +10,14 @@ import json
 import logging
 from typing import Any
 
-from .protocol import JSON_OBJECT, CompletionBody, ProtocolError
+from .protocol import JSON_OBJECT, ChatBody, CompletionBody, ProtocolError
+from .tools import tool_plan
 from ..sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 # Fields OpenAI or vLLM define that nano_infer does not implement, with the values that change nothing.
-NEUTRAL = {
-    "tools": ([],), "tool_choice": ("none", "auto"), "suffix": ("",), "guided_whitespace_pattern": (), "guided_grammar": (),
-}
+NEUTRAL = {"suffix": ("",), "guided_whitespace_pattern": (), "guided_grammar": ()}
 # Fields that change no output of this server: accepted and logged (vLLM's behaviour)
 IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "user")
 # SamplingParams' logits rules, with the value that turns each off (beam search refuses the others)
@@ -102,6 +101,9 @@ def constraint_fields(body) -> tuple[str | None, Any, list[str] | None]:
         schema = JSON_OBJECT if so.json_object else _schema(so.json_, "structured_outputs.json") \
             if so.json_ is not None else None
         asked.append(("structured_outputs", so.regex, schema, so.choice))
+    plan = tool_plan(body) if isinstance(body, ChatBody) else None
+    if plan is not None and plan.schema is not None:  # tool_choice "required" or a named function
+        asked.append(("tool_choice", None, plan.schema, None))
     if len(asked) > 1:
         raise ProtocolError(f"give one constraint per request (got {', '.join(a[0] for a in asked)})", param=asked[1][0])
     return asked[0][1:] if asked else (None, None, None)

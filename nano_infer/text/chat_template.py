@@ -19,6 +19,15 @@ from __future__ import annotations
 PLACEHOLDER = "\ue000{}\ue001"  # private-use characters: no template changes them, no user types them
 
 
+class Chat(list):
+    """Chat messages with what else the template renders (`tools=`): one prompt value, so it travels
+    through AsyncLLM's tokenizer queue as a plain list of messages does."""
+
+    def __init__(self, messages: list[dict], **template_kwargs):
+        super().__init__(messages)
+        self.template_kwargs = template_kwargs
+
+
 def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
                    allow_special_tokens: bool = False, **kwargs) -> list[int]:
     if allow_special_tokens or not any(_spells_control_token(tokenizer, m["content"]) for m in messages):

@@ -243,7 +243,7 @@ def test_text_split_mid_character_streams_whole_characters(client, model, tokeni
     text = "To be 你好，世界！ 🙂🚀 café"
     byte_token = {b: tokenizer.convert_tokens_to_ids(c) for c, b in gpt2_unicode_to_byte().items()}
     forced = [byte_token[b] for b in text.encode("utf-8")]
-    monkeypatch.setattr(nano_infer.engine.output_processor, "sample", lambda logits, seqs: [forced[s.num_output_tokens] for s in seqs])
+    monkeypatch.setattr(nano_infer.engine.output_processor, "sample", lambda logits, seqs, *_: [forced[s.num_output_tokens] for s in seqs])
     args = dict(model=model, prompt="x", max_tokens=len(forced), temperature=0)
     deltas = [c.choices[0].text for c in client.completions.create(stream=True, **args)]
     assert all("\ufffd" not in d for d in deltas) and "".join(deltas) == text

@@ -51,7 +51,7 @@ def test_vllm_constraint_fields_constrain(client, model, extra, check, temperatu
     ({"logit_bias": {"three": 1}}, "logit_bias"),
     ({"min_tokens": 9}, "min_tokens"),  # more than max_tokens
     ({"use_beam_search": True, "n": 2, "presence_penalty": 0.5}, "presence_penalty"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"whatever": 1}, "whatever"),
