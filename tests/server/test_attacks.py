@@ -158,8 +158,10 @@ ATTACKS = [
     ("logit_bias past the vocabulary", lambda u: [post(u, "/v1/chat/completions", chat(logit_bias={"99999999": 10}))],
      400, "vocabulary"),
     ("10,000 bad words", lambda u: [post(u, "/v1/chat/completions", chat(bad_words=["w"] * 10000))], 400, "bad_words"),
-    ("tools (not implemented)", lambda u: [post(u, "/v1/chat/completions", chat(tools=[{"type": "function"}]))], 400,
-     "tools"),
+    ("a tool without its function", lambda u: [post(u, "/v1/chat/completions", chat(tools=[{"type": "function"}]))],
+     400, "tools"),
+    ("129 tools", lambda u: [post(u, "/v1/chat/completions", chat(tools=[
+        {"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]))], 400, "tools"),
     ("an unknown field", lambda u: [post(u, "/v1/chat/completions", chat(best_effort=True))], 400, "best_effort"),
     ("clients that leave before their first token", lambda u: _leave_early(u), 200, None),
     ("300 prompts in one request", lambda u: [post(u, "/v1/completions", {"prompt": [[5]] * 300})], 400, "choices"),
@@ -653,10 +655,38 @@ def test_18_a_prompt_of_two_million_token_ids_is_refused_before_the_engine(tenan
     assert set(flood.statuses) == {400}, flood.statuses
 
 
-def test_19_scoring_prompts_slows_only_the_scorer(tenants):
+@pytest.fixture(scope="module")
+def wide_vocab_tenants(tmp_path_factory, tokenizer):
+    """Two tenants on a model with Qwen2.5's vocabulary size (152,064 rows, of which the tokenizer's 451 are
+    real, the rest zero as a checkpoint's padding rows: never the likeliest), so a scored prompt row costs
+    what it costs on the real model: a log_softmax over 152,064 logits."""
+    from nano_infer.serving.async_llm import AsyncLLM
+    from tests.helpers.model_factory import MODEL_CLASSES, hf_config
+
+    import torch
+
+    folder = tmp_path_factory.mktemp("wide_vocab")
+    torch.manual_seed(0)
+    model = MODEL_CLASSES["qwen2"](hf_config("qwen2", 152_064, tokenizer.convert_tokens_to_ids("<|im_end|>")))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn_like(p)) if "norm" in name else p.normal_(0.0, 0.1)
+        model.model.embed_tokens.weight[len(tokenizer):] = 0
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    llm = AsyncLLM(str(folder), dtype="float32", block_size=4, max_num_seqs=16)
+    server = BackgroundServer(llm, api_key=(VICTIM, ATTACKER), limits=ROUND2_LIMITS)
+    yield llm, server
+    server.stop()
+    llm.shutdown()
+
+
+def test_19_scoring_prompts_slows_only_the_scorer(wide_vocab_tenants):
     """echo + logprobs 20 on 12 prompts of 500 random token ids (126,000 entries, under the reply cap), in
-    4 loops: the prompt rows are scored a bounded slice per step and the reply rendered in the tenant's turn."""
-    llm, server = tenants
+    4 loops: the prompt rows are scored a bounded slice per step (all 2,048 rows a step could hold, each
+    normalized over 152,064 logits, made every step of the victims' take seconds) and the reply is
+    rendered in the tenant's turn."""
+    llm, server = wide_vocab_tenants
     rng = __import__("random").Random(0)
     scored = json.dumps({"prompt": [[rng.randrange(5, 440) for _ in range(500)] for _ in range(12)], "echo": True,
                          "logprobs": 20, "max_tokens": 0}).encode()
