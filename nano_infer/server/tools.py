@@ -10,7 +10,8 @@ template expects them (arguments as an object, not JSON text). What happens to t
   masks) and becomes the arguments of one call. Exact by construction; finish_reason stays "stop",
   as OpenAI sends it for a forced function.
 - "required": the reply is constrained to a JSON array of {"name", "arguments"} calls of the listed
-  functions (one call with parallel_tool_calls: false); finish_reason "tool_calls".
+  functions (one call with parallel_tool_calls: false; unbounded otherwise, as in vLLM: a bound of k calls
+  repeats the calls' DFA k times: 8 took the compile past its 20 s limit on a busy 2-core machine); finish_reason "tool_calls".
 - "auto" (the default with tools): the reply is free; Hermes-style blocks
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (what Qwen2.5's template teaches, vLLM's
   `hermes` parser) become tool calls and the text before them the content. A block that does not
