@@ -103,13 +103,15 @@ class SamplingParams:
         asked = [k for k in ("structured_outputs", "guided_decoding") if getattr(self, k) is not None]
         if not asked:
             return
-        given = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None]
-        if len(asked) > 1 or given:
-            raise ValueError(f"SamplingParams: give one constraint, got {asked + given}")
         so = getattr(self, asked[0])
         if not isinstance(so, StructuredOutputsParams):
             raise ValueError(f"SamplingParams.{asked[0]} must be a StructuredOutputsParams, got {type(so).__name__}")
-        for name, value in so.constraint().items():
+        mapped = so.constraint()  # a copy (dataclasses.replace) carries the mapped field already: no clash
+        given = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None and
+                 getattr(self, k) != mapped.get(k)]
+        if len(asked) > 1 or given:
+            raise ValueError(f"SamplingParams: give one constraint, got {asked + given}")
+        for name, value in mapped.items():
             setattr(self, name, value)
 
     def validate(self) -> None:

@@ -45,6 +45,13 @@ def test_structured_outputs_params_constrain(llm, temperature):
         jsonschema.validate(json.loads(t), Order.model_json_schema())
 
 
+def test_a_prompts_cache_salt_keeps_the_structured_output(llm):
+    """generate copies the params for a salted prompt (dataclasses.replace): the mapped constraint must survive."""
+    params = SamplingParams(temperature=0, max_tokens=8, structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    out = llm.generate([{"prompt": "Well?", "cache_salt": "a"}, "Well?"], params)
+    assert [o.outputs[0].text in ("yes", "no") for o in out] == [True, True]
+
+
 @pytest.mark.parametrize("make,match", [
     (lambda: StructuredOutputsParams(grammar="root ::= 'a'"), "grammar"),
     (lambda: StructuredOutputsParams(), "exactly one"),
