@@ -41,7 +41,7 @@ from .output_processor import OutputProcessor
 from ..outputs import RequestMetrics, RequestOutput
 from .request import Request, check_utf8
 from ..sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import Scheduler, scored_rows_per_step
 from ..spec import DraftProposer, SpeculativeDecoder
 from ..utils import cdiv
 
@@ -78,7 +78,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.kv, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
             policy=cfg.scheduler_policy, mode=cfg.scheduler, chunked_prefill=cfg.enable_chunked_prefill,
-            lookahead=self.spec.lookahead if self.spec else None)
+            lookahead=self.spec.lookahead if self.spec else None, max_scored_rows=scored_rows_per_step(self.vocab_size))
         block_size = self.kv.block_size if self.kv else 1
         tier = self.kv.tier if cfg.kv_offloading_size else None  # not the KVManager's stand-in
         self.executor = None if self.tp is None else start_workers(

@@ -29,9 +29,9 @@ once and read by the plug-ins, the model runner and the output processor after i
 LPM_MAX_QUEUE waiting requests); `"fcfs"` keeps arrival order. `mode="static"` is the
 baseline: admit a batch only when the previous one has completely finished.
 
-A prompt being scored (prompt logprobs) is prefilled in chunks of at most SCORED_ROWS_PER_STEP
-scored rows per step, shared by every such prompt: scoring costs its own request more steps,
-not every other request a slower one.
+A prompt being scored (prompt logprobs) is prefilled in chunks of at most `max_scored_rows` scored
+rows per step (the engine's: SCORED_LOGITS_PER_STEP over its vocabulary), shared by every such
+prompt: scoring costs its own request more steps, not every other request a slower one.
 
 `num_computed_tokens` moves in two places only: the KVManager sets it at admission (the cached
 prefix), and this scheduler advances it after a step (`advance`, called by whoever turns the
@@ -40,6 +40,7 @@ step's rows into tokens), resets it on preemption and copies it on a fork. Witho
 """
 from __future__ import annotations
 
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -51,9 +52,14 @@ from ..utils import cdiv
 # requests the matching costs more than the order saves, and the queue is served first come first
 # served (SGLang falls back at 128 as well).
 LPM_MAX_QUEUE = 128
-# prompt rows scored per step (SamplingParams.prompt_logprobs): each row is normalized over the whole vocabulary,
-# and 2,048 rows of a 152k vocabulary in every step of a scoring flood put other tenants' first tokens 25 s late
-SCORED_ROWS_PER_STEP = 256
+# logits one step may normalize to score prompt rows (SamplingParams.prompt_logprobs): a row is a log_softmax, a
+# rank and a top-k over the whole vocabulary, and 2,048 rows of Qwen2.5's 152,064 in every step of a scoring flood
+# put other tenants' first tokens 25 s late. 2**23 logits: 55 rows of that vocabulary, 170 of SmolLM2's 49,152.
+SCORED_LOGITS_PER_STEP = 2**23
+
+
+def scored_rows_per_step(vocab_size: int) -> int:
+    return max(1, SCORED_LOGITS_PER_STEP // vocab_size)
 
 
 @dataclass(eq=False)
@@ -135,10 +141,12 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv=None, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: str = "fcfs", mode: str = "continuous", chunked_prefill: bool = True, lookahead=None):
+                 policy: str = "fcfs", mode: str = "continuous", chunked_prefill: bool = True, lookahead=None,
+                 max_scored_rows: int = sys.maxsize):
         self.kv = kv if kv is not None else NoKVCache()  # the KVManager; none: every step recomputes
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_scored_rows = max_scored_rows  # prompt rows scored per step, by every scoring prompt together
         self.policy = policy
         self.mode = mode
         # with no KV cache a chunk's K/V would be gone before the next chunk: a prompt runs whole
@@ -153,7 +161,7 @@ class Scheduler:
     # -- one step -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        self._rows_left = SCORED_ROWS_PER_STEP
+        self._rows_left = self.max_scored_rows
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted and (self.mode == "continuous" or not self.running):
             self._schedule_waiting(out, budget)
@@ -205,13 +213,18 @@ class Scheduler:
             self.waiting = deque(sorted(self.waiting, key=lambda s: -self.kv.match_len(s.token_ids, s.params.cache_salt)))
         # a seat for every running sequence and for each sample it will still fork off (n > 1)
         seats = len(self.running) + sum(s.num_pending_forks for s in self.running)
+        scoring = []  # prompts to score with no rows left this step: the requests behind them go first
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             if seats + 1 + seq.num_pending_forks > self.max_num_seqs:
                 break
             self.kv.acquire(seq)  # its cached prefix: num_computed_tokens starts past it
             n = self._tokens_for(seq, budget)
-            if n == 0 or (n > budget and out.scheduled) or not self.kv.can_allocate(seq, n):
+            if n == 0:
+                self._undo_admission(seq)
+                scoring.append(self.waiting.popleft())
+                continue
+            if (n > budget and out.scheduled) or not self.kv.can_allocate(seq, n):
                 self._undo_admission(seq)
                 break
             self.kv.allocate(seq, n)
@@ -223,6 +236,7 @@ class Scheduler:
             self._rows_left -= out.scheduled[-1].num_prompt_logit_rows
             budget -= n
             seats += 1 + seq.num_pending_forks
+        self.waiting.extendleft(reversed(scoring))  # back in front, in their order
 
     def _preempt_idle(self, out: SchedulerOutput) -> bool:
         """Free the most recently admitted idle sequence, if any, to the back of the queue.

@@ -104,12 +104,16 @@ def test_prompt_logprobs_of_the_shipped_model(config):
 
 
 def test_a_step_scores_a_bounded_slice_of_prompt_rows(qwen2_dir, monkeypatch):
-    """Three prompts of 500 tokens scored: no step normalizes more than SCORED_ROWS_PER_STEP rows
-    (all 1,497 fit the token budget of one step), and the scores still equal transformers'."""
-    from nano_infer.engine.scheduler import SCORED_ROWS_PER_STEP
+    """Three prompts of 500 tokens scored, 64 rows a step: no step normalizes more (all 1,497 fit the token
+    budget of one step), and the scores still equal transformers'. The engine's bound is a number of logits:
+    a 152,064-token vocabulary scores 55 rows a step."""
+    from nano_infer.engine.scheduler import scored_rows_per_step
 
+    assert scored_rows_per_step(152_064) == 55 and scored_rows_per_step(2**24) == 1
     llm = LLM(str(qwen2_dir), dtype="float32", block_size=4)
     scheduler, rows = llm.engine.scheduler, []
+    assert scheduler.max_scored_rows == scored_rows_per_step(llm.engine.vocab_size)
+    scheduler.max_scored_rows = 64
     schedule = scheduler.schedule
 
     def recording():
@@ -120,7 +124,7 @@ def test_a_step_scores_a_bounded_slice_of_prompt_rows(qwen2_dir, monkeypatch):
     monkeypatch.setattr(scheduler, "schedule", recording)
     ps = [[5 + (i * 7 + j * 13) % 440 for j in range(500)] for i in range(3)]
     outs = llm.generate(prompt_token_ids=ps, sampling_params=SamplingParams(max_tokens=1, prompt_logprobs=K))
-    assert sum(rows) == 3 * 499 and max(rows) <= SCORED_ROWS_PER_STEP, rows
+    assert sum(rows) == 3 * 499 and max(rows) <= 64, rows
     for out, p, w in zip(outs, ps, hf_scores(qwen2_dir, ps)):
         score_error(out.prompt_logprobs, p, w)
     assert_blocks_free(llm)
