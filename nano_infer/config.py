@@ -65,7 +65,7 @@ class EngineConfig:
     seed: int | None = None  # seeds torch's generator once: requests without their own seed then repeat across runs
     tokenizer: str | None = None  # a folder or hub id of the tokenizer, when it is not the model's
     enable_prefix_caching: bool | None = None  # False: prefix_cache=None; True: the prefix_cache given ("auto": radix)
-    enforce_eager: bool = False  # vLLM's default: the decode step may be captured/compiled; True: plain eager steps
+    enforce_eager: bool = False  # vLLM's default: on CUDA plain decode steps replay from CUDA graphs (engine/cuda_graph.py); True: all eager. A CPU runs eagerly
     trust_remote_code: bool = False  # accepted: the model code is this package's own, no checkpoint code runs
     disable_log_stats: bool = False  # accepted: the engine logs no periodic stats (the server's /metrics has them)
 

@@ -10,7 +10,7 @@
 # by default; transformers' reference runs where each test puts it), notebooks (nbval, the shipped model),
 # bench (a random-weight Qwen2.5-1.5B-shaped model in bfloat16: nano_infer vs transformers' continuous
 # batching at 64 and 256 requests, then decode steps of 1, 8 and 64 sequences against the bandwidth roofline,
-# with the profiler's table). Each phase has its own limit in seconds (TESTS_S, NOTEBOOKS_S, BENCH_S,
+# with the profiler's table, captured in CUDA graphs and again with --enforce-eager). Each phase has its own limit in seconds (TESTS_S, NOTEBOOKS_S, BENCH_S,
 # DECODE_S), so one that hangs leaves the others their time. Exit status: the number of phases that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,7 +66,10 @@ for name in "$@"; do
             phase bench "${BENCH_S:-200}" python3 -m nano_infer.bench --model qwen2.5-1.5b-shape \
                 --engines nano_infer hf_continuous --out "$OUT"
             phase decode "${DECODE_S:-60}" python3 -m nano_infer.bench.decode --model qwen2.5-1.5b-shape \
-                --dtype bfloat16 --seqs 1 8 64 --profile 64 --json "$OUT/decode.json" ;;
+                --dtype bfloat16 --seqs 1 8 64 --profile 64 --json "$OUT/decode.json"
+            # the same steps launched kernel by kernel: what the captured decode (engine/cuda_graph.py) saves
+            phase decode-eager "${DECODE_S:-60}" python3 -m nano_infer.bench.decode --model qwen2.5-1.5b-shape \
+                --dtype bfloat16 --seqs 1 8 64 --enforce-eager --json "$OUT/decode-eager.json" ;;
         *) echo "unknown phase $name: use tests, notebooks or bench"; failed=$((failed + 1)) ;;
     esac
 done

@@ -102,9 +102,12 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=10, help="timed decode steps per batch size")
     p.add_argument("--profile", type=int, metavar="N", help="also print torch.profiler's table for N sequences")
     p.add_argument("--json", help="write the figures to this file")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: every decode step launched "
+                   "kernel by kernel (on a GPU; a CPU always runs eagerly)")
     args = p.parse_args(argv)
     folder, _ = model_folder(args.model)
-    engine = LLMEngine(folder, dtype=args.dtype, max_num_seqs=max(args.seqs + [args.profile or 1]))
+    engine = LLMEngine(folder, dtype=args.dtype, max_num_seqs=max(args.seqs + [args.profile or 1]),
+                       enforce_eager=args.enforce_eager)
     bandwidth = copy_bandwidth(engine.device)
     params = sum(t.numel() for t in engine.model.parameters())
     memory = memory_split(engine)

@@ -85,6 +85,8 @@ class LLMEngine:
             cfg, self.tp, launch, self.model_name if launch else str(self.model_dir), self.dtype, self.device,
             self.max_model_len, self.kv.num_blocks if self.kv else None, block_size, tier.num_blocks if tier else 0)
         self.runner = ModelRunner(self.model, self.kv_pool, cfg.attention, block_size, self.device, self.executor)
+        if not cfg.enforce_eager and self.device.type == "cuda" and self.kv_pool is not None and self.tp is None:
+            self.runner.capture_decode(self.max_model_len)
         self.offloader = None
         if tier is not None:  # chapter 12: a host pool beside each KV pool, and the plug-in that copies between them
             self.runner.attach_host_tier(tier.num_blocks)

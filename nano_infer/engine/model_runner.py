@@ -28,6 +28,7 @@ import torch
 from ..models.attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend
 from ..kv.block_manager import slot_mapping
 from ..kv.offload import BlockSwap, HostKVPool
+from .cuda_graph import DecodeGraphs
 from .scheduler import ScheduledSeq
 
 # Decodes per attention call on CPU. Each call pads to its own longest context, so sorting by length
@@ -63,6 +64,13 @@ class ModelRunner:
         self.num_forward_tokens = 0  # tokens pushed through the model so far (prefill work done)
         self.mirrors: list[tuple] = []  # (model, kv_pool, backend) run on every step at the same slots
         self.host_pools: list[HostKVPool] = []  # the host tier of each KV pool (chapter 12)
+        self.graphs: DecodeGraphs | None = None  # captured decode steps (CUDA, unless enforce_eager)
+
+    def capture_decode(self, max_model_len: int, capture: bool | None = None) -> None:
+        """Replay plain decode steps from CUDA graphs, one per batch-size and table-width bucket (see
+        `cuda_graph.py`); `capture=False` runs the same padded steps eagerly (on a CPU)."""
+        self.graphs = DecodeGraphs(self.model, self.backend, self.block_size, -(-max_model_len // self.block_size),
+                                   self.device, capture)
 
     def mirror(self, model, kv_pool, attention: str):
         """Run `model` on every packed step too, writing its K/V into `kv_pool` at the slots the
@@ -186,6 +194,9 @@ class ModelRunner:
         mirrors run the same packed step, so their KV pools hold K/V wherever the target's does."""
         if step.moves is not None:
             self.apply_swap(step.moves)
+        if self.graphs is not None and not self.mirrors and self.graphs.eligible(step):
+            self.num_forward_tokens += len(step.input_ids)
+            return self.graphs.run(step)
         ids, pos, meta = self.build(step)
         self.backend.meta = meta
         hidden = self.model(ids, pos, self.backend)

@@ -137,25 +137,44 @@ class AttentionBackend:
         self.kv_cache = kv_cache
         self.blocks_per_chunk = blocks_per_chunk
         self.meta: AttentionMetadata | None = None
+        self._views: tuple[int, list] | None = None  # (block_size, per layer: (k slots, v slots, k blocks, v blocks))
+
+    def layer_views(self, layer: int, block_size: int) -> tuple[torch.Tensor, ...]:
+        """The layer's K and V pools seen as slots [num_slots, KVH, D] and as blocks [num_blocks, block_size *
+        KVH * D], made once: indexing the 5-D pool anew in every layer of every step is ten aten calls a layer."""
+        if self._views is None or self._views[0] != block_size:
+            per_layer = []
+            for k_slots, v_slots in self.kv_cache:
+                k_blocks = k_slots.view(-1, block_size * k_slots.shape[1] * k_slots.shape[2])
+                per_layer.append((k_slots, v_slots, k_blocks, v_slots.view(k_blocks.shape)))
+            self._views = block_size, per_layer
+        return self._views[1][layer]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = self.meta
         blocks = None
         if self.kv_cache is not None:
-            self.kv_cache[layer, 0].index_copy_(0, meta.slot_mapping, k)
-            self.kv_cache[layer, 1].index_copy_(0, meta.slot_mapping, v)
-            k_blocks = self.kv_cache[layer, 0].view(-1, meta.block_size * k.shape[1] * k.shape[2])
-            blocks = k_blocks, self.kv_cache[layer, 1].view(k_blocks.shape)
+            k_slots, v_slots, *blocks = self.layer_views(layer, meta.block_size)
+            k_slots.index_copy_(0, meta.slot_mapping, k)
+            v_slots.index_copy_(0, meta.slot_mapping, v)
+        if not meta.prefills and len(meta.decodes) == 1:  # a decode-only step: no output buffer to fill
+            return self._decode_rows(meta.decodes[0], q, k.shape[1], blocks)
         out = torch.empty_like(q)
         for s in meta.prefills:
             rows = slice(s.q_start, s.q_start + s.q_len)
             out[rows] = self.prefill(s, q[rows], k[rows], v[rows], blocks)
         for d in meta.decodes:
-            B = (d.end - d.start) // d.q_len
-            qd = fold_gqa(q[d.start : d.end].view(B, d.q_len, *q.shape[1:]), k.shape[1])  # [B, KVH, G*q_len, D]
-            o = self.decode(d, qd, blocks, q.shape[1] // k.shape[1])
-            out[d.start : d.end] = unfold_gqa(o, d.q_len).reshape(d.end - d.start, *q.shape[1:])
+            out[d.start : d.end] = self._decode_rows(d, q[d.start : d.end], k.shape[1], blocks)
         return out
+
+    def _decode_rows(self, d: DecodeBatch, q: torch.Tensor, kv_heads: int, blocks) -> torch.Tensor:
+        """q [B * q_len, H, D], the rows of one decode batch -> their attention output, same shape. For one
+        query token a sequence, folding the groups is a view: [B, H, D] is [B, KVH, G, D]."""
+        B, (H, D) = q.shape[0] // d.q_len, q.shape[1:]
+        if d.q_len == 1:
+            return self.decode(d, q.view(B, kv_heads, H // kv_heads, D), blocks, H // kv_heads).reshape(B, H, D)
+        o = self.decode(d, fold_gqa(q.view(B, d.q_len, H, D), kv_heads), blocks, H // kv_heads)
+        return unfold_gqa(o, d.q_len).reshape(q.shape)
 
     def prefill(self, s: SeqSlice, q, k, v, blocks) -> torch.Tensor:
         """q, k, v [L, heads, D] of one prompt chunk; returns its attention output [L, heads, D]."""

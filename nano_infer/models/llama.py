@@ -67,7 +67,7 @@ class Rotary(nn.Module):
 def apply_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """x [T, heads, head_dim] rotated by its token's position."""
     cos, sin = cos_sin
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
 
 
 class Attention(nn.Module):
@@ -91,7 +91,7 @@ class Attention(nn.Module):
     def forward(self, x, cos_sin, attn_ctx):
         T, H, KVH = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(T, H + 2 * KVH, self.head_dim)
-        qk, v = qkv[:, : H + KVH], qkv[:, H + KVH :]  # q and k heads side by side: one rotary for both
+        qk, v = qkv.split([H + KVH, KVH], dim=1)  # q and k heads side by side: one rotary for both
         if self.qk_norm:
             qk = torch.cat([self.q_norm(qk[:, :H]), self.k_norm(qk[:, H:])], dim=1)
         q, k = apply_rotary(qk, cos_sin).split([H, KVH], dim=1)

@@ -16,14 +16,17 @@ full-precision copy of the model is ever held.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import sys
 from collections import Counter
 from pathlib import Path
 
 import torch
 
-from .quantization import Int4Weight, describe_weights, install_quantized, quantize_weight, resolve_quantization
+from .quantization import (Int4Weight, describe_weights, install_quantized, quantize_weight, quantized_linear,
+                           resolve_quantization)
 
 TINY_MODEL_DIR = Path(__file__).parent / "tiny"
 DEFAULT_CUDA_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
@@ -199,8 +202,10 @@ def _read_all(tensors, model, device, dtype, mode: str) -> dict:
             if any(p is None for p in parts):
                 continue
             tensor = _whole(shards.pop(name))
-        state[name] = quantize_weight(tensor, mode) if mode in ("int8", "int4") and name.endswith("_proj.weight") \
-            else tensor
+        if mode in ("int8", "int4") and name.endswith("_proj.weight"):
+            tensor = quantize_weight(tensor, mode)
+        state[name] = quantized_linear(tensor, dtype) if name.endswith("_proj.weight") and \
+            not isinstance(tensor, torch.Tensor) else tensor
     if shards:
         raise ValueError(f"checkpoint is missing part of {sorted(shards)[:3]}")
     return state
@@ -236,4 +241,17 @@ def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype
     if can_pack(device, dtype):
         pack_linears(model)
     model.weights_held = describe_weights(mode, why, held, dequantized, dtype)
+    del state, tensors
+    release_freed_memory()
     return model.eval()
+
+
+def release_freed_memory() -> None:
+    """Hand the heap that loading freed back to the OS. Reading a file allocates and frees a tensor at a time,
+    and glibc keeps freed pages for reuse: without this the process stays a few hundred MiB bigger than its
+    tensors (for a GGUF file held as stored: +569 MiB against +160 after)."""
+    if sys.platform == "linux":
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # musl and other libcs: nothing to trim this way
+            pass

@@ -196,9 +196,18 @@ def resolve_quantization(quantization: str | None, gguf_file: str | None, device
     return quantization, "asked for"
 
 
+def quantized_linear(w: Int4Weight | RowInt8Weight | Int8Weight, dtype: torch.dtype) -> nn.Module | Int8Weight:
+    """The layer for a linear weight, built as soon as the weight is whole, so the unpacked form (a byte a
+    weight) of one matrix at a time is ever held; a Q8_0 weight (no kernel here) stays as it is."""
+    if isinstance(w, Int4Weight):
+        return Int4Linear(w, None, dtype)
+    return Int8Linear(w, None, dtype) if isinstance(w, RowInt8Weight) else w
+
+
 def install_quantized(model: nn.Module, state: dict, dtype: torch.dtype) -> Counter:
-    """Swap in a quantized layer for every quantized weight of `state` (taking it and its bias out of `state`);
-    a weight with no kernel here (a Q8_0 linear weight) goes back into `state` dequantized. Returns what went where."""
+    """Swap in a quantized layer for every quantized weight of `state` (a built layer from `quantized_linear`,
+    or the embedding's blocks), taking it and its bias out of `state`; a weight with no kernel here (a Q8_0
+    linear weight) goes back into `state` dequantized. Returns what went where."""
     held = Counter()
     for name in [n for n, w in state.items() if not isinstance(w, torch.Tensor)]:
         w, path = state.pop(name), name.removesuffix(".weight")
@@ -218,8 +227,9 @@ def install_quantized(model: nn.Module, state: dict, dtype: torch.dtype) -> Coun
             held["Q8_0 dequantized"] += 1
             continue
         bias = state.pop(path + ".bias", None)
-        setattr(parent, leaf, Int4Linear(w, bias, dtype) if isinstance(w, Int4Weight) else Int8Linear(w, bias, dtype))
-        held["int4 (group 32)" if isinstance(w, Int4Weight) else "int8 (per row)"] += 1
+        w.bias = None if bias is None else bias.to(dtype)
+        setattr(parent, leaf, w)
+        held["int4 (group 32)" if isinstance(w, Int4Linear) else "int8 (per row)"] += 1
     return held
 
 
