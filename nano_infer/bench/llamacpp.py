@@ -105,11 +105,13 @@ def roofline(weights: dict, bandwidth: float) -> dict:
 
 def _nano_worker(model: str, threads: int):
     import torch
+    from transformers.utils import logging as hf_logging
 
     from ..engine.llm_engine import LLMEngine
     from ..sampling_params import SamplingParams
     from ..text.chat_template import chat_token_ids
 
+    hf_logging.disable_progress_bar()  # transformers' bar while it reads the GGUF file
     torch.set_num_threads(threads)
     engine = LLMEngine(model)  # the engine's defaults: what a user gets
 
@@ -130,9 +132,30 @@ def _nano_worker(model: str, threads: int):
     return encode, run
 
 
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "amx_int8" in f.read()
+    except OSError:
+        return False
+
+
 def _llama_cpp_worker(model: str, threads: int):
+    import llama_cpp.llama_cpp as low_level
     from llama_cpp import Llama
 
+    if _cpu_has_amx():
+        # llama-cpp-python 0.3.36 built here (-march=native) segfaults in its AMX buffer type on any batch of
+        # more than one token (a prompt); without the extra buffer types (AMX, repacked layouts) it runs.
+        # Llama() takes its model parameters from this function and has no keyword for the field.
+        defaults = low_level.llama_model_default_params
+
+        def without_extra_buffer_types():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        low_level.llama_model_default_params = without_extra_buffer_types
     llm = Llama(model_path=model, n_ctx=2048, n_threads=threads, n_threads_batch=threads, seed=0, verbose=False)
 
     def run(ids: list[int], max_tokens: int) -> ChatTiming:
@@ -152,7 +175,10 @@ def worker(engine: str, model: str, threads: int) -> None:
     """Load one engine, say so, then run each chat read from stdin ({"ids", "max_tokens"} or {"messages"})."""
     encode, run = (_nano_worker if engine == "nano_infer" else _llama_cpp_worker)(model, threads)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(RESULT + json.dumps({"ready": engine, "max_rss_mib": peak_kib / 1024}), flush=True)
+    ready = {"ready": engine, "max_rss_mib": peak_kib / 1024}
+    if engine == "llama.cpp":
+        ready["extra_buffer_types"] = not _cpu_has_amx()
+    print(RESULT + json.dumps(ready), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
         if "messages" in job:
@@ -228,6 +254,7 @@ def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2,
         "ratios": {k: paired_ratios([t[k] for t in runs["nano_infer"]], [t[k] for t in runs["llama.cpp"]])
                    for k in ("ms_per_token", "ttft_ms")},
         "same_leading_tokens": same, "weights": weights, "roofline": roofline(weights, bandwidth),
+        "llama_cpp_extra_buffer_types": workers["llama.cpp"].ready.get("extra_buffer_types", True),
     }
     log(format_result(result))
     return result
@@ -241,11 +268,15 @@ def leading_agreement(a: list[int], b: list[int]) -> int:
     return n
 
 
+def _span(values: list[int]) -> str:
+    return f"{min(values)}" if min(values) == max(values) else f"{min(values)}-{max(values)}"
+
+
 def format_result(result: dict) -> str:
     """The comparison in a few lines: medians, ratios with their rounds and verdict, the floor under both."""
     med, rat, roof, w = result["median"], result["ratios"], result["roofline"], result["weights"]
     lines = [f"-- one chat, {result['model']}: greedy, {result['max_tokens']} tokens, {result['threads']} threads, "
-             f"prompts of {min(result['prompt_tokens'])}-{max(result['prompt_tokens'])} tokens, {result['rounds']} rounds"]
+             f"prompts of {_span(result['prompt_tokens'])} tokens, {result['rounds']} rounds"]
     for name in ENGINES:
         lines.append(f"  {name:>10}: {med[name]['ms_per_token']:6.1f} ms/token, TTFT {med[name]['ttft_ms']:6.0f} ms "
                      f"(median); peak memory {result['peak_rss_mib'][name]:.0f} MiB")
@@ -253,6 +284,8 @@ def format_result(result: dict) -> str:
         r = rat[key]
         lines.append(f"  nano_infer / llama.cpp, {what}: {r['median']:.2f}x (rounds {r['min']:.2f}-{r['max']:.2f}) "
                      f"-> {r['verdict']}")
+    if not result.get("llama_cpp_extra_buffer_types", True):
+        lines.append("  llama.cpp ran without its extra buffer types (AMX, repacked layouts): its AMX path crashes here")
     lines.append(f"  greedy tokens the two agree on before the first difference: {result['same_leading_tokens']} "
                  f"of {result['max_tokens']}")
     bw = roof["bandwidth_bytes_per_s"]

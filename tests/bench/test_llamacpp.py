@@ -101,3 +101,21 @@ def test_a_nano_infer_round_times_exactly_the_tokens_asked_for(qwen2_dir):
     t = run(first, 6)
     assert t.engine == "nano_infer" and t.prompt_tokens == len(first) and len(t.token_ids) == 6
     assert t.ttft_ms > 0 and t.ms_per_token > 0
+
+
+def test_the_printed_summary_carries_the_ratios_verdicts_and_floors():
+    runs = {"nano_infer": [{"ms_per_token": 20.0, "ttft_ms": 50.0}, {"ms_per_token": 30.0, "ttft_ms": 70.0}],
+            "llama.cpp": [{"ms_per_token": 10.0, "ttft_ms": 100.0}, {"ms_per_token": 15.0, "ttft_ms": 60.0}]}
+    weights = {"tensors": 3, "stored_bytes": 2**20, "elements": 2**20, "bfloat16_bytes": 2**21}
+    result = {"model": "m.gguf", "max_tokens": 128, "threads": 2, "rounds": 2, "prompt_tokens": [80, 80],
+              "peak_rss_mib": {"nano_infer": 500.0, "llama.cpp": 300.0}, "same_leading_tokens": [5, 128],
+              "median": {n: {k: sum(t[k] for t in rows) / 2 for k in ("ms_per_token", "ttft_ms")} for n, rows in runs.items()},
+              "ratios": {k: llamacpp.paired_ratios([t[k] for t in runs["nano_infer"]], [t[k] for t in runs["llama.cpp"]])
+                         for k in ("ms_per_token", "ttft_ms")},
+              "weights": weights, "roofline": llamacpp.roofline(weights, 2**20 * 1e3), "llama_cpp_extra_buffer_types": False}
+    text = llamacpp.format_result(result)
+    assert "prompts of 80 tokens" in text
+    assert "decode ms/token: 2.00x (rounds 2.00-2.00) -> llama.cpp faster" in text
+    assert "time to first token: 0.83x (rounds 0.50-1.17) -> inconclusive" in text
+    assert "at least 1.0 ms/token as stored, 2.0 in bfloat16" in text
+    assert "nano_infer decodes at 25.0x the as-stored floor" in text and "without its extra buffer types" in text
