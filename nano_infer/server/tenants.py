@@ -8,7 +8,8 @@ their bodies unread (a load client at 256 concurrent requests is queued, as vLLM
 refused), and past `max_queued_per_tenant` waiting get 429 with Retry-After. With several keys it salts its
 prefix-cache blocks, so no tenant can hit, or time, another's cached prompt. The engine admits
 tenants' requests in turn (AsyncLLM), and the server's workers parse, tokenize and render each tenant's
-in turn (FairQueue), so a tenant's 64 bodies of 4 MB take turns among themselves, not with everyone's.
+in turn (FairQueue), so a tenant's 64 bodies of 4 MB take turns among themselves, not with everyone's;
+and its bodies are read at its own pace (`body_bytes_per_s`, charge_bytes), so the bytes it pushes slow it.
 """
 from __future__ import annotations
 
