@@ -211,7 +211,11 @@ class Worker:
         return self._read()
 
     def close(self) -> None:
-        self.proc.stdin.close()
+        """End of input ends the worker's loop; one that already died (its error is being raised) is just reaped."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
         self.proc.wait(timeout=60)
 
 
