@@ -228,8 +228,10 @@ def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2,
 
     if rounds < 1 or max_tokens < 2:
         raise ValueError(f"rounds must be at least 1 and max_tokens at least 2, got {rounds} and {max_tokens}")
-    workers = {name: Worker(name, str(model), threads) for name in ENGINES}
+    workers = {}
     try:
+        for name in ENGINES:
+            workers[name] = Worker(name, str(model), threads)
         prompts = [workers["nano_infer"].ask({"messages": chat(r)})["ids"] for r in range(rounds + 1)]
         for w in workers.values():  # round 0 warms both up (first calls allocate and initialise)
             w.ask({"ids": prompts[0], "max_tokens": 8})
