@@ -37,6 +37,11 @@ _OPTIONS = {
     "kv_offloading_backend": dict(choices=OFFLOADING_BACKENDS, help="how the host tier is kept"),
     "preemption_mode": dict(choices=PREEMPTION_MODES, help="recompute | swap | auto (the cheaper by measured rates); "
                                                           "default: auto with a host tier, else recompute"),
+    # vLLM's flags under vLLM's names, so a `vllm serve` command line ports (`generate --seed` is the request's)
+    "tokenizer": dict(help="a folder or hub id of the tokenizer (default: the model's)"),
+    "enable_prefix_caching": dict(action=argparse.BooleanOptionalAction,
+                                  help="--no-enable-prefix-caching turns the prefix cache off (--prefix-cache none)"),
+    "trust_remote_code": dict(action="store_true", help="accepted: no checkpoint code runs here"),
     "speculative_config": dict(help="JSON, as vLLM's: "
                                     '\'{"method": "ngram", "num_speculative_tokens": 4}\' or '
                                     '\'{"method": "draft_model", "model": "<dir or hub id>", "num_speculative_tokens": 3}\''),

@@ -126,7 +126,7 @@ class _GenerateBody(_Body):
     bad_words: Capped(StrictStr, MAX_BAD_WORDS) | None = None
     allowed_token_ids: Capped(StrictInt, MAX_TOKEN_RULES) | None = None
     include_stop_str_in_output: StrictBool = False
-    # defined by vLLM, not implemented: accepted only with the neutral value (NEUTRAL)
+    # defined by vLLM, not implemented: accepted only with the neutral value (sampling.NEUTRAL)
     guided_whitespace_pattern: StrictStr | None = None
     guided_grammar: StrictStr | None = None
 

@@ -39,3 +39,15 @@ def test_generate_with_beams_prints_every_hypothesis_best_first(qwen2_dir, capsy
         assert f"score {s.score:.4f}" in header and f"{len(s.output_tokens)} tokens, {s.finish_reason}" in header
     assert main(["generate", "x", "--beam-width", "2", "--seed", "1", "--model", str(qwen2_dir)]) == 2
     assert "beam search (--beam-width) does not" in capsys.readouterr().err
+
+
+def test_vllm_flags_become_engine_options():
+    import argparse
+
+    from nano_infer.cli.engine_args import add_engine_args, engine_kwargs
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    kw = engine_kwargs(p.parse_args(["--no-enable-prefix-caching", "--trust-remote-code", "--tokenizer", "some/tok"]))
+    assert (kw["enable_prefix_caching"], kw["trust_remote_code"], kw["tokenizer"]) == (False, True, "some/tok")
+    assert engine_kwargs(p.parse_args([]))["enable_prefix_caching"] is None
