@@ -18,7 +18,8 @@ logger = logging.getLogger(__name__)
 
 # Fields OpenAI or vLLM define that nano_infer does not implement, with the values that change nothing.
 NEUTRAL = {"suffix": ("",), "guided_whitespace_pattern": (), "guided_grammar": ()}
-# Fields that change no output of this server: accepted and logged (vLLM's behaviour)
+# Fields that change no output of this server: accepted and logged (vLLM's behaviour); parallel_tool_calls only
+# without tools
 IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "user")
 # SamplingParams' logits rules, with the value that turns each off (beam search refuses the others)
 LOGITS_RULES = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
@@ -34,7 +35,8 @@ def check_unsupported(body) -> None:
                                 + (f" or send {neutral[0]!r}" if neutral else ""), param=name)
     if isinstance(body, CompletionBody) and body.best_of not in (None, body.n):
         raise ProtocolError("best_of is not supported (only best_of == n)", param="best_of")
-    ignored = [name for name in IGNORED if getattr(body, name, None) is not None]
+    ignored = [name for name in IGNORED if getattr(body, name, None) is not None
+               and not (name == "parallel_tool_calls" and getattr(body, "tools", None))]  # with tools it counts
     if ignored:
         logger.info("fields that change nothing on this server, ignored: %s", ", ".join(ignored))
 
