@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+from ..engine.cuda_graph import BATCH_BUCKETS, batch_bucket
 from ..models.quantization import GROUP, Int4Weight, unpack_q4_1
 from .core import call, exercise, expect, forall
 
@@ -91,7 +92,7 @@ def graph_bucket(candidate):
 
     def prop(case):
         batch, buckets = case
-        want = next((b for b in buckets if b >= batch), None)
+        want = batch_bucket(batch) if tuple(buckets) == BATCH_BUCKETS else next((b for b in buckets if b >= batch), None)
         desc = f"batch_size={batch}, buckets={buckets}"
         got = call(candidate, batch, list(buckets), case=desc)
         why = ("no captured graph is large enough: the step runs eager (None)" if want is None else
@@ -100,4 +101,7 @@ def graph_bucket(candidate):
         expect(got == want, desc, want, got, why=why)
 
     cases = st.tuples(st.integers(1, 600), st.lists(st.integers(1, 512), min_size=1, max_size=8, unique=True).map(sorted))
-    forall(cases, prop, max_examples=60, examples=[(3, [1, 2, 4, 8]), (8, [1, 2, 4, 8]), (9, [1, 2, 4, 8]), (1, [1])])
+    # a bucket between sizes, one exactly full, one past the largest; the engine's own buckets (where the
+    # expected answer is its `batch_bucket`'s)
+    forall(cases, prop, max_examples=60, examples=[(3, [1, 2, 4, 8]), (8, [1, 2, 4, 8]), (9, [1, 2, 4, 8]), (1, [1]),
+                                                    (20, list(BATCH_BUCKETS)), (513, list(BATCH_BUCKETS))])
