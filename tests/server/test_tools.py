@@ -142,3 +142,27 @@ def test_auto_parsing_and_holding_back_a_possible_tool_call():
     stream = ToolStream(plan)
     assert [stream.delta("a <", False), stream.delta("b", False), stream.delta("", True)] == [
         {"content": "a "}, {"content": "<b"}, {}]
+
+
+def test_tools_and_earlier_calls_reach_the_chat_template(tokenizer):
+    """What a template that renders tools (as Qwen2.5's does) is given: the tools, and earlier calls' arguments as
+    objects (the template writes them with tojson)."""
+    from copy import deepcopy
+    from types import SimpleNamespace
+
+    from nano_infer import LLM
+    from nano_infer.server.protocol import ChatBody
+    from nano_infer.server.tools import chat_messages
+
+    tok = deepcopy(tokenizer)
+    tok.chat_template = ("{% for t in tools or [] %}[tool {{ t.function.name }}]{% endfor %}{% for m in messages %}"
+                         "{% for c in m.tool_calls or [] %}[call {{ c.function.arguments | tojson }}]{% endfor %}"
+                         "{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    body = ChatBody.model_validate({"messages": CHAT + [
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], "tools": TOOLS})
+    ids = LLM.apply_chat_template(SimpleNamespace(tokenizer=tok), chat_messages(body, lambda c: c),
+                                  add_generation_prompt=False)
+    text = tok.decode(ids)
+    assert "[tool get_weather][tool get_time]" in text and '[call {"city": "Paris"}]' in text and "tool: sunny" in text
