@@ -16,6 +16,7 @@ stored and for the same weights dequantized to bfloat16.
 
     python -m nano_infer.bench.llamacpp                           # make models, make llama-cpp first
     python -m nano_infer.bench.llamacpp --rounds 5 --threads 2 --max-tokens 128
+    python -m nano_infer.bench.llamacpp --quantization gguf     # nano_infer running the file as stored
 
 `python -m nano_infer.bench` runs it too (`--no-llama-cpp` leaves it out).
 """
@@ -103,7 +104,7 @@ def roofline(weights: dict, bandwidth: float) -> dict:
 # -- the workers: one engine each, driven over stdin/stdout ----------------------------------------------------
 
 
-def _nano_worker(model: str, threads: int):
+def _nano_worker(model: str, threads: int, quantization: str | None = None):
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -113,7 +114,7 @@ def _nano_worker(model: str, threads: int):
 
     hf_logging.disable_progress_bar()  # transformers' bar while it reads the GGUF file
     torch.set_num_threads(threads)
-    engine = LLMEngine(model)  # the engine's defaults: what a user gets
+    engine = LLMEngine(model, **({"quantization": quantization} if quantization else {}))  # else what a user gets
 
     def encode(messages):
         return chat_token_ids(engine.tokenizer, messages)
@@ -171,9 +172,12 @@ def _llama_cpp_worker(model: str, threads: int):
     return None, run
 
 
-def worker(engine: str, model: str, threads: int) -> None:
+def worker(engine: str, model: str, threads: int, quantization: str | None = None) -> None:
     """Load one engine, say so, then run each chat read from stdin ({"ids", "max_tokens"} or {"messages"})."""
-    encode, run = (_nano_worker if engine == "nano_infer" else _llama_cpp_worker)(model, threads)
+    if engine == "nano_infer":
+        encode, run = _nano_worker(model, threads, quantization)
+    else:
+        encode, run = _llama_cpp_worker(model, threads)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     ready = {"ready": engine, "max_rss_mib": peak_kib / 1024}
     if engine == "llama.cpp":
@@ -192,10 +196,11 @@ def worker(engine: str, model: str, threads: int) -> None:
 class Worker:
     """A worker process of one engine, and the calls that talk to it."""
 
-    def __init__(self, engine: str, model: str, threads: int):
+    def __init__(self, engine: str, model: str, threads: int, quantization: str | None = None):
         self.engine = engine
+        extra = ["--quantization", quantization] if quantization else []
         self.proc = subprocess.Popen([sys.executable, "-m", "nano_infer.bench.llamacpp", "--worker", engine,
-                                      "--model", str(model), "--threads", str(threads)],
+                                      "--model", str(model), "--threads", str(threads), *extra],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.ready = self._read()
 
@@ -220,8 +225,9 @@ class Worker:
 
 
 def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2, max_tokens: int = 128,
-            log=print) -> dict:
-    """Both engines on one chat per round, alternating; the times, their ratios and the roofline. JSON-ready."""
+            quantization: str | None = None, log=print) -> dict:
+    """Both engines on one chat per round, alternating; the times, their ratios and the roofline. JSON-ready.
+    `quantization` is nano_infer's option (None: its default)."""
     import torch
 
     from .decode import copy_bandwidth
@@ -231,7 +237,7 @@ def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2,
     workers = {}
     try:
         for name in ENGINES:
-            workers[name] = Worker(name, str(model), threads)
+            workers[name] = Worker(name, str(model), threads, quantization if name == "nano_infer" else None)
         prompts = [workers["nano_infer"].ask({"messages": chat(r)})["ids"] for r in range(rounds + 1)]
         for w in workers.values():  # round 0 warms both up (first calls allocate and initialise)
             w.ask({"ids": prompts[0], "max_tokens": 8})
@@ -254,6 +260,7 @@ def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2,
     weights = gguf_weight_bytes(model)
     result = {
         "model": str(model), "rounds": rounds, "threads": threads, "max_tokens": max_tokens,
+        "nano_infer_quantization": quantization or "default",
         "prompt_tokens": [len(p) for p in prompts[1:]], "runs": runs, "peak_rss_mib": memory,
         "median": {name: {k: statistics.median(t[k] for t in rows) for k in ("ms_per_token", "ttft_ms")}
                    for name, rows in runs.items()},
@@ -282,7 +289,8 @@ def format_result(result: dict) -> str:
     """The comparison in a few lines: medians, ratios with their rounds and verdict, the floor under both."""
     med, rat, roof, w = result["median"], result["ratios"], result["roofline"], result["weights"]
     lines = [f"-- one chat, {result['model']}: greedy, {result['max_tokens']} tokens, {result['threads']} threads, "
-             f"prompts of {_span(result['prompt_tokens'])} tokens, {result['rounds']} rounds"]
+             f"prompts of {_span(result['prompt_tokens'])} tokens, {result['rounds']} rounds; nano_infer with "
+             f"quantization={result.get('nano_infer_quantization', 'default')}"]
     for name in ENGINES:
         lines.append(f"  {name:>10}: {med[name]['ms_per_token']:6.1f} ms/token, TTFT {med[name]['ttft_ms']:6.0f} ms "
                      f"(median); peak memory {result['peak_rss_mib'][name]:.0f} MiB")
@@ -320,6 +328,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="rounds, each engine once per round (default: 3)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads of each engine (default: 2)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per chat (default: 128)")
+    p.add_argument("--quantization", choices=("none", "gguf"), help="nano_infer's quantization option: 'gguf' runs "
+                   "the file as stored, 'none' dequantizes it (default: the engine's own default)")
     p.add_argument("--json", help="also write the result to this file")
     p.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -335,9 +345,10 @@ def parse_args(argv=None):
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
     if args.worker:
-        worker(args.worker, args.model, args.threads)
+        worker(args.worker, args.model, args.threads, args.quantization)
         return None
-    result = run_or_explain(args.model, rounds=args.rounds, threads=args.threads, max_tokens=args.max_tokens)
+    result = run_or_explain(args.model, rounds=args.rounds, threads=args.threads, max_tokens=args.max_tokens,
+                            quantization=args.quantization)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return result

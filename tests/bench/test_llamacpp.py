@@ -37,10 +37,11 @@ def test_a_missing_gguf_file_is_named_with_the_command_that_fetches_it(monkeypat
 
 def test_arguments_defaults_and_refusals(capsys):
     args = llamacpp.parse_args([])
-    assert (args.model, args.rounds, args.threads, args.max_tokens, args.worker) == (
-        str(llamacpp.DEFAULT_GGUF), 3, 2, 128, None)
+    assert (args.model, args.rounds, args.threads, args.max_tokens, args.worker, args.quantization) == (
+        str(llamacpp.DEFAULT_GGUF), 3, 2, 128, None, None)
+    assert llamacpp.parse_args(["--quantization", "gguf"]).quantization == "gguf"
     for bad, said in ((["--rounds", "0"], "--rounds must be at least 1"), (["--threads", "0"], "--threads"),
-                      (["--max-tokens", "1"], "--max-tokens must be at least 2")):
+                      (["--max-tokens", "1"], "--max-tokens must be at least 2"), (["--quantization", "int4"], "invalid choice")):
         with pytest.raises(SystemExit):
             llamacpp.parse_args(bad)
         assert said in capsys.readouterr().err
@@ -95,7 +96,7 @@ def test_roofline_is_the_weights_read_once_at_the_bandwidth(tmp_path):
 
 def test_a_nano_infer_round_times_exactly_the_tokens_asked_for(qwen2_dir):
     """Each round's chat differs from the first line on (no prefix cache serves it); the run ignores EOS."""
-    encode, run = llamacpp._nano_worker(str(qwen2_dir), threads=2)
+    encode, run = llamacpp._nano_worker(str(qwen2_dir), threads=2, quantization="none")
     first, second = encode(llamacpp.chat(1)), encode(llamacpp.chat(2))
     assert llamacpp.leading_agreement(first, second) < 16  # inside the first block (16 tokens): no block shared
     t = run(first, 6)
@@ -114,7 +115,7 @@ def test_the_printed_summary_carries_the_ratios_verdicts_and_floors():
                          for k in ("ms_per_token", "ttft_ms")},
               "weights": weights, "roofline": llamacpp.roofline(weights, 2**20 * 1e3), "llama_cpp_extra_buffer_types": False}
     text = llamacpp.format_result(result)
-    assert "prompts of 80 tokens" in text
+    assert "prompts of 80 tokens, 2 rounds; nano_infer with quantization=default" in text
     assert "decode ms/token: 2.00x (rounds 2.00-2.00) -> llama.cpp faster" in text
     assert "time to first token: 0.83x (rounds 0.50-1.17) -> inconclusive" in text
     assert "at least 1.0 ms/token as stored, 2.0 in bfloat16" in text
