@@ -29,9 +29,8 @@ once and read by the plug-ins, the model runner and the output processor after i
 LPM_MAX_QUEUE waiting requests); `"fcfs"` keeps arrival order. `mode="static"` is the
 baseline: admit a batch only when the previous one has completely finished.
 
-A prompt being scored (prompt logprobs) is prefilled in chunks of at most `max_scored_rows` scored
-rows per step (the engine's: SCORED_LOGITS_PER_STEP over its vocabulary), shared by every such
-prompt: scoring costs its own request more steps, not every other request a slower one.
+A prompt being scored (prompt logprobs) is prefilled `max_scored_rows` rows a step at most, shared by
+all such prompts: scoring costs its own request more steps, not every other request a slower one.
 
 `num_computed_tokens` moves in two places only: the KVManager sets it at admission (the cached
 prefix), and this scheduler advances it after a step (`advance`, called by whoever turns the
@@ -52,9 +51,8 @@ from ..utils import cdiv
 # requests the matching costs more than the order saves, and the queue is served first come first
 # served (SGLang falls back at 128 as well).
 LPM_MAX_QUEUE = 128
-# logits one step may normalize to score prompt rows (SamplingParams.prompt_logprobs): a row is a log_softmax, a
-# rank and a top-k over the whole vocabulary, and 2,048 rows of Qwen2.5's 152,064 in every step of a scoring flood
-# put other tenants' first tokens 25 s late. 2**23 logits: 55 rows of that vocabulary, 170 of SmolLM2's 49,152.
+# logits a step may normalize to score prompt rows (each a log_softmax, rank and top-k over the vocabulary): 2,048
+# rows of Qwen2.5's 152,064 a step put other tenants' first tokens 25 s late; 2**23 is 55 rows of it, 170 of SmolLM2's.
 SCORED_LOGITS_PER_STEP = 2**23
 
 
@@ -171,13 +169,11 @@ class Scheduler:
         return out
 
     def _tokens_for(self, seq: Sequence, budget: int) -> int:
-        """The tokens of `seq` this step computes: all of them, or with chunked prefill a chunk within the
-        token budget and, for a prompt being scored, within the prompt rows the step has left to score
-        (0 when none are left: it waits for the next step)."""
-        n = seq.num_uncomputed_tokens
+        """All its tokens, or with chunked prefill a chunk within the budget and, for a prompt being scored,
+        within the rows the step has left to score (0 when none are: it waits for the next step)."""
+        n, scored = seq.num_uncomputed_tokens, seq.prompt_logprobs
         if not self.chunked_prefill:
             return n
-        scored = seq.prompt_logprobs
         if scored is not None and len(scored) < seq.num_prompt_tokens:  # positions already scored need no rows
             n = min(n, max(seq.num_computed_tokens, len(scored) - 1) + self._rows_left - seq.num_computed_tokens)
         return min(n, budget)

@@ -48,7 +48,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from .admission import Admission
-from .chat_limits import check_chat_size, tokens_per_message
+from .chat_limits import check_prompt_size, tokens_per_message
 from .fair_queue import FairQueue
 from .inbox import AbortRequest, AddRequest, Shutdown
 from ..engine.llm_engine import LLMEngine
@@ -124,7 +124,7 @@ class AsyncLLM:
         if failure is not None:
             raise EngineUnavailable(f"the engine cannot serve: {failure}")
         params = params or SamplingParams()
-        self._check_size(prompt)
+        check_prompt_size(self.engine, prompt)  # counted here, before the prompt queues for the tokenizer
         token_ids = await self._tokenizer_thread.run(tenant, self._prompt_ids, prompt)
         index = await self._constraint_index(params, tenant=tenant) if params.constrained else None
         s = Stream(request_id or uuid.uuid4().hex, asyncio.get_running_loop())
@@ -145,20 +145,6 @@ class AsyncLLM:
         finally:
             if not done:
                 self._send(AbortRequest(s))
-
-    def _check_size(self, prompt) -> None:
-        """What counting can refuse, on the caller's side before the prompt queues for the tokenizer: a text
-        or chat longer than max_model_len tokens can spell, a token-id prompt of max_model_len ids or more."""
-        if isinstance(prompt, str):
-            self.engine.check_prompt_chars(prompt)
-        elif not isinstance(prompt, list):
-            raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
-        elif not prompt:
-            raise ValueError("prompt is empty: it must have at least one token")
-        elif isinstance(prompt[0], dict):
-            check_chat_size(self.engine, prompt)
-        elif len(prompt) >= self.engine.max_model_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens; the limit is max_model_len - 1 = {self.engine.max_model_len - 1}")
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -1,4 +1,4 @@
-"""How big a chat may be, checked by counting before its template is rendered and tokenized.
+"""How big a prompt may be, checked by counting before it is tokenized (a chat: before its template is rendered).
 
 Tokenizing runs on one thread for every client, so a chat too long to fit must be refused
 before it takes that thread (a check on characters alone passes 100,000 empty messages, which
@@ -13,6 +13,21 @@ import functools
 
 from ..text.chat_template import chat_token_ids
 from ..engine.request import check_utf8
+
+
+def check_prompt_size(engine, prompt) -> None:
+    """What counting can refuse: a text or chat longer than max_model_len tokens can spell, max_model_len token
+    ids or more (2 million of them were counted by the engine thread, ~6 s each)."""
+    if isinstance(prompt, str):
+        engine.check_prompt_chars(prompt)
+    elif not isinstance(prompt, list):
+        raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
+    elif not prompt:
+        raise ValueError("prompt is empty: it must have at least one token")
+    elif isinstance(prompt[0], dict):
+        check_chat_size(engine, prompt)
+    elif len(prompt) >= engine.max_model_len:
+        raise ValueError(f"prompt has {len(prompt)} tokens; the limit is max_model_len - 1 = {engine.max_model_len - 1}")
 
 
 def check_chat_size(engine, messages: list[dict]) -> None:
