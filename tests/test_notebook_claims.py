@@ -90,7 +90,7 @@ def test_how_to_read_a_result_is_not_a_claim(sentence):
 
 # chapters whose prose still states one run's measurements (issue 39 rewrote 05, 09, 11 and 12): strict, so
 # a chapter rewritten the same way must leave this list
-NOT_YET = {"04_radix_tree", "07_constrained_decoding"}
+NOT_YET = {"07_constrained_decoding"}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="prose states measurements"))
