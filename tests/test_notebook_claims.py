@@ -88,13 +88,7 @@ def test_how_to_read_a_result_is_not_a_claim(sentence):
     assert timed_claims(sentence) == []
 
 
-# chapters whose prose still states one run's measurements (issue 39 rewrote 05, 09, 11 and 12): strict, so
-# a chapter rewritten the same way must leave this list
-NOT_YET = {"07_constrained_decoding"}
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="prose states measurements"))
-                                  if p.stem in NOT_YET else p for p in NOTEBOOKS], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_chapter_states_a_measurement_in_its_prose(path):
     nb = nbformat.read(path, as_version=4)
     claims = [f"cell {n}: {s}" for n, cell in enumerate(nb.cells) if cell.cell_type == "markdown"
