@@ -785,7 +785,7 @@ def test_23_a_load_client_past_its_share_waits_instead_of_an_error(server, allm)
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_24_at_shutdown_every_open_request_gets_a_json_answer(qwen2_dir, sig):
-    """A beam search and seven requests of two samples, not streamed, hold both seats in turn, and a stream
+    """A beam search and twenty requests of two samples, not streamed, hold both seats in turn, and a stream
     waits for admission behind them: told to stop, the server answers what has not finished 503 with
     OpenAI's error body by its deadline and exits (uvicorn alone answered a plain-text 500 at its backstop)."""
     port = free_port()
@@ -798,10 +798,12 @@ def test_24_at_shutdown_every_open_request_gets_a_json_answer(qwen2_dir, sig):
         wait_until_serving(proc, url)
         beam = {"prompt": "To be", "use_beam_search": True, "n": 2, "max_tokens": 500, "ignore_eos": True,
                 "early_stopping": "never"}
-        long = {"prompt": "To be", "n": 2, "max_tokens": 500, "ignore_eos": True}  # 500 steps each, one at a time
+        # 500 steps each, one at a time: twenty of them take far longer than the 2 s before the signal and the 1 s
+        # drain together on a fast machine too, so the stream is still in line at the deadline
+        long = {"prompt": "To be", "n": 2, "max_tokens": 500, "ignore_eos": True}
         waiting = {**chat(max_tokens=8), "stream": True}
-        with concurrent.futures.ThreadPoolExecutor(9) as pool:
-            beams = [pool.submit(post, url, "/v1/completions", body, timeout=60) for body in [beam] + [long] * 7]
+        with concurrent.futures.ThreadPoolExecutor(22) as pool:
+            beams = [pool.submit(post, url, "/v1/completions", body, timeout=60) for body in [beam] + [long] * 20]
             time.sleep(1.0)  # all in line before the stream
             stream_reply = pool.submit(post, url, "/v1/chat/completions", waiting, timeout=60)
             time.sleep(1.0)  # every request connected (a connection after the signal would be refused)
