@@ -57,7 +57,7 @@ class DecodeGraphs:
         """A plain decode step (see the module doc) that fits the largest bucket."""
         if step.prefills or len(step.decodes) != 1:
             return False
-        _, tables, lens, q_len = step.decodes[0]
+        _, _, lens, q_len = step.decodes[0]
         return q_len == 1 and len(lens) <= BATCH_BUCKETS[-1] and len(step.sample_rows) == len(lens)
 
     @torch.inference_mode()
