@@ -14,7 +14,9 @@ connection until the server stops. Once the server is stopping (`Drain`) and its
 deadline has passed, a stream still running ends cleanly at its next chunk (an error event, then
 `[DONE]`), and a client that does not take that either is cut off a second later; a request whose
 response has not begun (a reply not streamed, a stream waiting for its first token, a request
-waiting its turn) is cancelled and answered 503 with OpenAI's error body.
+waiting its turn) is cancelled and answered 503 with OpenAI's error body. Requests poll the
+deadline one by one, so the first ones cancelled free the engine for a stream still waiting; a stream
+whose response would begin after the deadline is answered 503 as well, not started to be cut at once.
 """
 from __future__ import annotations
 
@@ -70,6 +72,10 @@ class _Ended(Exception):
     """The stream was ended for the shutdown: its response is complete."""
 
 
+class _TooLate(Exception):
+    """A stream would begin after the shutdown deadline: it is answered 503 instead."""
+
+
 class _Guard:
     """ASGI middleware run before any route (see the module's docstring)."""
 
@@ -113,9 +119,10 @@ class _Guard:
                     task.cancel()
                     with contextlib.suppress(BaseException):
                         await task
-                    raise APIError(503, "the server is shutting down; retry on another instance or once it is back",
-                                   "service_unavailable")
+                    raise _shutting_down()
             return task.result()
+        except _TooLate:
+            raise _shutting_down() from None
         finally:
             task.cancel()  # this call was cancelled itself (uvicorn's backstop): the request goes with it
 
@@ -152,6 +159,8 @@ class _Guard:
     def _timed(self, send, started: list):
         async def timed_send(message):
             if message["type"] == "http.response.start":
+                if self.drain.over() and _is_stream(message):
+                    raise _TooLate
                 started.append(True)
             if self.drain.over() and message["type"] == "http.response.body" and message.get("more_body"):
                 await within(send({"type": "http.response.body", "body": _SHUTTING_DOWN, "more_body": False}), LAST_SEND_S)
@@ -173,6 +182,14 @@ class _Guard:
 
     def _too_large(self) -> APIError:
         return APIError(413, f"the request body is larger than {self.limits.max_body_bytes:,} bytes (--max-request-bytes)")
+
+
+def _is_stream(start: dict) -> bool:
+    return any(name == b"content-type" and value.startswith(b"text/event-stream") for name, value in start.get("headers", ()))
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry on another instance or once it is back", "service_unavailable")
 
 
 def _hostname(host: str) -> str | None:
