@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import resource
 import statistics
 import subprocess
@@ -87,11 +88,11 @@ def paired_ratios(ours: list[float], theirs: list[float]) -> dict:
 
 def gguf_weight_bytes(path: str | Path) -> dict:
     """Bytes of the file's tensors as stored, their element count, and what bfloat16 copies would take."""
-    from gguf import GGUFReader
+    from ..models.gguf import read_gguf_tensors
 
-    tensors = GGUFReader(str(path)).tensors
-    stored = sum(int(t.n_bytes) for t in tensors)
-    elements = sum(int(t.n_elements) for t in tensors)
+    tensors = read_gguf_tensors(Path(path))
+    stored = sum(t.data.nbytes for t in tensors)
+    elements = sum(math.prod(t.shape) for t in tensors)
     return {"tensors": len(tensors), "stored_bytes": stored, "elements": elements, "bfloat16_bytes": 2 * elements}
 
 

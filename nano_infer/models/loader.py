@@ -9,14 +9,18 @@ before the fusing: q, k and v (gate and up) are cut separately, so a fused weigh
 rank's query heads, then its KV heads, then their values, just as the forward expects.
 
 A llama.cpp / Ollama GGUF file gives config, tokenizer and chat template from its metadata;
-its quantized tensors run as stored (`quantization.py`), or with quantization="none" are
-dequantized to the engine's dtype as they are read (`gguf.py`). A safetensors checkpoint can be
+its quantized tensors are dequantized to the engine's dtype as they are read (`gguf.py`), or
+with quantization="gguf" run as stored (`quantization.py`). transformers reads the config and
+the tokenizer by parsing the whole file's metadata, ~8 s each for SmolLM2's 49,152-token
+vocabulary, so a process keeps what it read of a file and a second engine on it gets a copy. A safetensors checkpoint can be
 quantized at load (quantization="int8" / "int4"): each weight as soon as it is whole, so no
 full-precision copy of the model is ever held.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
+import functools
 import json
 import os
 import sys
@@ -86,7 +90,9 @@ def load_tokenizer(model_dir: Path, gguf_file: str | None, tokenizer: str | None
     if tokenizer is not None:
         folder = Path(tokenizer).expanduser()  # a tokenizer's folder need not hold a config.json
         return AutoTokenizer.from_pretrained(folder if folder.is_dir() else resolve_model_dir(tokenizer))
-    return AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf_file)
+    if gguf_file:
+        return _from_gguf("tokenizer", model_dir / gguf_file)
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def eos_token_ids(model_dir: Path, tokenizer) -> set[int]:
@@ -127,10 +133,25 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype | None) -> tuple[t
 def load_config(model_dir: Path, gguf_file: str | None = None):
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_dir, gguf_file=gguf_file)
+    config = _from_gguf("config", model_dir / gguf_file) if gguf_file else AutoConfig.from_pretrained(model_dir)
     if config.model_type not in SUPPORTED:
         raise ValueError(f"model_type {config.model_type!r} is not supported; nano_infer runs {sorted(SUPPORTED)}")
     return config
+
+
+def _from_gguf(kind: str, path: Path):
+    """A copy of the file's config or tokenizer as transformers reads it, read once per file and version."""
+    stat = path.stat()
+    return copy.deepcopy(_read_gguf(kind, str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_gguf(kind: str, path: str, mtime_ns: int, size: int):
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder, name = os.path.split(path)
+    read = AutoConfig if kind == "config" else AutoTokenizer
+    return read.from_pretrained(folder, gguf_file=name)
 
 
 def _fused_name(name: str) -> tuple[str, int | None]:
@@ -217,7 +238,7 @@ def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype
     `quantization` (EngineConfig's) says how the weights are held; `model.weights_held` says it in words."""
     from accelerate import init_empty_weights
 
-    from .gguf import gguf_stored_tensors, gguf_tensors
+    from .gguf import gguf_tensors
     from .llama import CausalLM
     from .packed import can_pack, pack_linears
 
@@ -230,7 +251,7 @@ def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype
     dequantized = Counter()
     if gguf_file:
         path = model_dir / gguf_file
-        tensors = gguf_stored_tensors(path, config, dequantized) if mode == "gguf" else gguf_tensors(path, config, dtype)
+        tensors = gguf_tensors(path, config, dequantized, as_stored=mode == "gguf")
     else:
         tensors = safetensors_tensors(model_dir, device, config, model, tp)
     state = _read_all(tensors, model, device, dtype, mode)

