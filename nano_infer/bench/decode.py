@@ -18,10 +18,13 @@ import json
 import time
 
 import torch
+from torch import nn
 
+from ..models.packed import PackedLinear
+from ..models.quantization import Int4Linear, Int8Linear
 from .presets import model_folder
 from .quiet_profile import profiled
-from .roofline import decode_throughput, matmul_params
+from .roofline import decode_throughput
 from .timing import sync
 
 
@@ -41,10 +44,25 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None, repeats: int
 
 
 def bytes_per_step(engine, num_seqs: int, context: int) -> tuple[int, int]:
-    """(weight bytes, K/V bytes) one decode step must read: every matmul weight once (the LM head included),
-    and each sequence's `context` cached tokens in every layer."""
-    weights = matmul_params(engine.hf_config) * engine.dtype.itemsize
-    return weights, num_seqs * context * engine.kv_bytes_per_token
+    """(weight bytes, K/V bytes) one decode step must read: every matmul weight once as it is held (float,
+    or int4 / int8 with its scales), the LM head included, and each sequence's `context` cached tokens in
+    every layer."""
+    return matmul_weight_bytes(engine.model), num_seqs * context * engine.kv_bytes_per_token
+
+
+def matmul_weight_bytes(model) -> int:
+    """Bytes of the weights the step multiplies by: each linear layer's weight (int4: its packed nibbles and
+    group scales and zeros; int8: its bytes and row scales), and the LM head, which with tied weights and no
+    head of its own is the whole embedding matrix. The embedding lookup reads one row a token: left out."""
+    held = 0
+    for module in model.modules():
+        if isinstance(module, (Int4Linear, Int8Linear)):
+            held += sum(b.numel() * b.element_size() for name, b in module.named_buffers() if name != "bias")
+        elif isinstance(module, (nn.Linear, PackedLinear)):
+            held += module.weight.numel() * module.weight.element_size()
+    if getattr(model, "lm_head", None) is None:
+        held += model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    return held
 
 
 def memory_split(engine) -> dict:

@@ -234,6 +234,24 @@ def test_decode_reads_every_matmul_weight_and_the_cached_kv(qwen2_dir):
     assert kv == 3 * 10 * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2  # K and V, 2 bytes each
 
 
+def test_decode_counts_weights_as_held_when_quantized():
+    """int4 layers read half a byte a weight plus a bfloat16 scale and zero per 32, int8 a byte plus a scale per
+    row; the tied LM head stays bfloat16 (2 bytes a weight) either way."""
+    from nano_infer import LLMEngine
+    from nano_infer.bench.decode import bytes_per_step
+    from nano_infer.models.loader import TINY_MODEL_DIR
+
+    plain = LLMEngine(str(TINY_MODEL_DIR), dtype="bfloat16", num_kv_blocks=16)
+    shapes = [tuple(p.shape) for name, p in plain.model.layers.named_parameters() if p.dim() == 2]
+    head = plain.model.embed_tokens.weight.numel() * 2
+    assert bytes_per_step(plain, 1, 1)[0] == head + sum(2 * n * k for n, k in shapes)
+    expected = {"int4": head + sum(n * k // 2 + (k // 32) * n * 2 * 2 for n, k in shapes),
+                "int8": head + sum(n * k + n * 2 for n, k in shapes)}
+    for mode, weights in expected.items():
+        engine = LLMEngine(str(TINY_MODEL_DIR), dtype="bfloat16", quantization=mode, num_kv_blocks=16)
+        assert bytes_per_step(engine, 1, 1)[0] == weights, mode
+
+
 def test_decode_command_line_times_each_batch_and_profiles(qwen2_dir, tmp_path, capsys):
     from transformers import AutoConfig
 
