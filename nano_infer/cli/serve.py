@@ -70,12 +70,19 @@ def _precompile_json_object(llm) -> None:
 def serve(args: argparse.Namespace) -> int:
     from ..serving.async_llm import AsyncLLM
     from ..server import run_server
+    from ..server.runner import bound_socket
 
+    try:
+        sock = bound_socket(args.host, args.port)
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e} (--port chooses another)", file=sys.stderr)
+        return 2
     with _children_ignore_ctrl_c():
         try:
             llm = AsyncLLM(args.model, constraint_limits=ConstraintLimits(timeout=args.constraint_timeout),
                            **engine_kwargs(args))
         except ValueError as e:
+            sock.close()
             print(f"error: {e}", file=sys.stderr)
             return 2
         # json_object's regex takes seconds to compile: do it now, so that no request waits for it past its time limit
@@ -88,7 +95,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         with _sigterm_as_ctrl_c():
             served = run_server(llm, args.host, args.port, args.served_model_name, args.log_level, api_keys(args),
-                                tuple(args.allowed_host), limits)
+                                tuple(args.allowed_host), limits, sock)
     finally:
         llm.shutdown()
     return 0 if served else 1

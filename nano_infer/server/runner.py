@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import resource
+import socket
 import threading
 import time
 
@@ -68,17 +69,36 @@ def _descriptors_for(limits: ServerLimits) -> ServerLimits:
     return limits
 
 
+def bound_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound but not yet listening: `nano-infer serve` takes its port before it loads the
+    model, so a busy port is an error at once, not after the load, and nothing the engine starts (the tensor-
+    parallel workers' ports) can take it meanwhile. Until the server listens, connections are refused."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait out TIME_WAIT
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def run_server(llm: AsyncLLM, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
                log_level: str = "info", api_key: str | tuple[str, ...] | None = None,
-               allowed_hosts: tuple[str, ...] = (), limits: ServerLimits = ServerLimits()) -> bool:
-    """Serve until Ctrl-C or SIGTERM (blocking); False if it stopped because the engine cannot serve."""
+               allowed_hosts: tuple[str, ...] = (), limits: ServerLimits = ServerLimits(),
+               sock: socket.socket | None = None) -> bool:
+    """Serve until Ctrl-C or SIGTERM (blocking); False if it stopped because the engine cannot serve.
+    `sock`: a socket bound_socket(host, port) took, else the port is bound now."""
     limits, drain = _descriptors_for(limits), Drain()
+    sock = sock or bound_socket(host, port)
     app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), limits, drain)
     server, failed = uvicorn.Server(_config(app, host, port, log_level, limits)), []
     threading.Thread(target=_watch, args=(llm, server, drain, limits, failed), name="nano_infer-watchdog",
                      daemon=True).start()
+    scheme_host = f"[{host}]" if ":" in host else host
+    log.info("serving on http://%s:%d (Ctrl+C to quit)", scheme_host, sock.getsockname()[1])
     try:
-        server.run()
+        server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn raised the signal again after stopping, as uvicorn.run expects
         pass
     return not failed

@@ -77,3 +77,17 @@ def test_ctrl_c_right_after_start_prints_no_traceback_in_any_mode(qwen2_dir, mod
         assert "Traceback" not in err and "Fatal Python error" not in err, f"{mode}, Ctrl-C {delay} s after start:\n{err}"
         assert "leaked semaphore" not in err, err
         assert proc.returncode == 0, (mode, delay, err)
+
+
+def test_a_busy_port_is_an_error_before_the_model_loads(tmp_path):
+    """The port is taken first: a busy one is named at once (the model here does not even exist)."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([str(NANO_INFER), "serve", "--model", str(tmp_path / "no-such-model"), "--port", str(port)],
+                              capture_output=True, text=True, timeout=STOP_S)
+    assert done.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "no-such-model" not in done.stderr, done.stderr
