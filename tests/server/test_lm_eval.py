@@ -4,6 +4,7 @@
 per request, sent as token ids; each choice scored with echo + logprobs). The oracle is lm-eval's
 own transformers backend (`hf`) on the same weights: the same accuracy, the same log-likelihood of
 every choice, the same generations."""
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -70,10 +71,12 @@ def largest_difference(got: dict, want: dict) -> float:
 
 def test_lm_eval_scores_through_the_server_as_its_transformers_backend(served, env, tmp_path):
     tasks, served_args = ["nano_mc", "nano_gen"], f"model=nano,base_url={served}/v1/completions,tokenizer={TINY}"
-    ours, our_samples = lm_eval(tmp_path / "served", env, tasks, "--model", "local-completions", "--model_args",
-                                served_args)
-    theirs, their_samples = lm_eval(tmp_path / "hf", env, tasks, "--model", "hf", "--model_args",
-                                    f"pretrained={TINY},dtype=float32", "--device", "cpu")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two processes: one mostly waits on the server
+        served_run = pool.submit(lm_eval, tmp_path / "served", env, tasks, "--model", "local-completions",
+                                 "--model_args", served_args)
+        hf_run = pool.submit(lm_eval, tmp_path / "hf", env, tasks, "--model", "hf", "--model_args",
+                             f"pretrained={TINY},dtype=float32", "--device", "cpu")
+        (ours, our_samples), (theirs, their_samples) = served_run.result(), hf_run.result()
     assert ours["nano_mc"]["acc,none"] == theirs["nano_mc"]["acc,none"]
     assert ours["nano_gen"]["exact_match,none"] == theirs["nano_gen"]["exact_match,none"] > 0
     want = choice_scores(their_samples["nano_mc"])
