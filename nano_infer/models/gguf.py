@@ -142,4 +142,6 @@ def gguf_tensors(path: Path, config, dequantized: Counter, as_stored: bool):
             continue
         if as_stored and kind not in ("F32", "F16", "BF16"):
             dequantized[kind] += 1
-        yield names[t.name], torch.from_numpy(np.array(dequantize(rows, t.tensor_type), dtype=np.float32))
+        floats = dequantize(rows, t.tensor_type)  # a new array, or for float types a view of the mapped file
+        yield names[t.name], torch.from_numpy(floats if floats.flags.writeable and floats.dtype == np.float32
+                                              else np.array(floats, dtype=np.float32))

@@ -11,10 +11,12 @@ rank's query heads, then its KV heads, then their values, just as the forward ex
 A llama.cpp / Ollama GGUF file gives config, tokenizer and chat template from its metadata;
 its quantized tensors are dequantized to the engine's dtype as they are read (`gguf.py`), or
 with quantization="gguf" run as stored (`quantization.py`). transformers reads the config and
-the tokenizer by parsing the whole file's metadata, ~8 s each for SmolLM2's 49,152-token
-vocabulary, so a process keeps what it read of a file and a second engine on it gets a copy. A safetensors checkpoint can be
-quantized at load (quantization="int8" / "int4"): each weight as soon as it is whole, so no
-full-precision copy of the model is ever held.
+the tokenizer by parsing the whole file's metadata, seconds each for SmolLM2's 49,152-token
+vocabulary, so a process keeps the config it read of a file and a second engine on it gets a
+copy (not the tokenizer: a kept copy would hold ~90 MiB for as long as the process runs).
+
+A safetensors checkpoint can be quantized at load (quantization="int8" / "int4"): each weight
+as soon as it is whole, so no full-precision copy of the model is ever held.
 """
 from __future__ import annotations
 
@@ -90,9 +92,7 @@ def load_tokenizer(model_dir: Path, gguf_file: str | None, tokenizer: str | None
     if tokenizer is not None:
         folder = Path(tokenizer).expanduser()  # a tokenizer's folder need not hold a config.json
         return AutoTokenizer.from_pretrained(folder if folder.is_dir() else resolve_model_dir(tokenizer))
-    if gguf_file:
-        return _from_gguf("tokenizer", model_dir / gguf_file)
-    return AutoTokenizer.from_pretrained(model_dir)
+    return AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf_file)
 
 
 def eos_token_ids(model_dir: Path, tokenizer) -> set[int]:
@@ -133,25 +133,24 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype | None) -> tuple[t
 def load_config(model_dir: Path, gguf_file: str | None = None):
     from transformers import AutoConfig
 
-    config = _from_gguf("config", model_dir / gguf_file) if gguf_file else AutoConfig.from_pretrained(model_dir)
+    config = _gguf_config(model_dir / gguf_file) if gguf_file else AutoConfig.from_pretrained(model_dir)
     if config.model_type not in SUPPORTED:
         raise ValueError(f"model_type {config.model_type!r} is not supported; nano_infer runs {sorted(SUPPORTED)}")
     return config
 
 
-def _from_gguf(kind: str, path: Path):
-    """A copy of the file's config or tokenizer as transformers reads it, read once per file and version."""
+def _gguf_config(path: Path):
+    """A copy of the file's config as transformers reads it, read once per file and version."""
     stat = path.stat()
-    return copy.deepcopy(_read_gguf(kind, str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+    return copy.deepcopy(_read_gguf_config(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
 
 
 @functools.lru_cache(maxsize=4)
-def _read_gguf(kind: str, path: str, mtime_ns: int, size: int):
-    from transformers import AutoConfig, AutoTokenizer
+def _read_gguf_config(path: str, mtime_ns: int, size: int):
+    from transformers import AutoConfig
 
     folder, name = os.path.split(path)
-    read = AutoConfig if kind == "config" else AutoTokenizer
-    return read.from_pretrained(folder, gguf_file=name)
+    return AutoConfig.from_pretrained(folder, gguf_file=name)
 
 
 def _fused_name(name: str) -> tuple[str, int | None]:

@@ -79,15 +79,12 @@ def test_command_line_generates_from_a_gguf_file(capsys):
 
 
 
-def test_a_second_engine_on_the_file_gets_its_own_copy_of_config_and_tokenizer(llm):
-    """transformers' reading of the metadata is kept per process: a copy each time, so one engine's change
-    (a config field, a tokenizer's padding side) is not another's."""
-    from nano_infer.models.loader import load_config, load_tokenizer
+def test_a_second_engine_on_the_file_gets_its_own_copy_of_its_config(llm):
+    """transformers' reading of the file's config is kept per process: a copy each time, so one engine's
+    change to it is not another's."""
+    from nano_infer.models.loader import load_config
 
-    config, tokenizer = load_config(GGUF.parent, GGUF.name), load_tokenizer(GGUF.parent, GGUF.name)
-    assert config is not llm.engine.hf_config and config.to_dict() == load_config(GGUF.parent, GGUF.name).to_dict()
-    config.rms_norm_eps, tokenizer.padding_side = 1.0, "left" if tokenizer.padding_side == "right" else "right"
-    again = load_tokenizer(GGUF.parent, GGUF.name)
-    assert load_config(GGUF.parent, GGUF.name).rms_norm_eps != 1.0 and again.padding_side != tokenizer.padding_side
-    text = "<|im_start|>user\nWhat is the capital of France?<|im_end|>"
-    assert again(text)["input_ids"] == llm.tokenizer(text)["input_ids"] and again.chat_template == llm.tokenizer.chat_template
+    config = load_config(GGUF.parent, GGUF.name)
+    assert config is not llm.engine.hf_config and config.to_dict() == llm.engine.hf_config.to_dict()
+    config.rms_norm_eps = 1.0
+    assert load_config(GGUF.parent, GGUF.name).rms_norm_eps == llm.engine.hf_config.rms_norm_eps != 1.0
