@@ -290,7 +290,9 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
 
     seen = {}
 
-    def serve_briefly(llm, host, port, served_model_name, log_level, api_key, allowed_hosts, limits):
+    def serve_briefly(llm, host, port, served_model_name, log_level, api_key, allowed_hosts, limits, sock):
+        seen["bound"] = sock.getsockname()  # the port taken before the model loaded
+        sock.close()
         server = BackgroundServer(llm, host, port, served_model_name, api_key=api_key, allowed_hosts=allowed_hosts,
                                   limits=limits)
         try:
@@ -314,11 +316,12 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("NANO_INFER_API_KEY", "secret")
     assert main(["serve", "--model", str(qwen2_dir), "--port", "0", "--served-model-name", "tiny",
                  "--block-size", "8", "--max-num-seqs", "5", "--allowed-host", "box.lan", "--max-request-bytes", "1000"]) == 0
+    assert seen["bound"][0] == "127.0.0.1" and seen["bound"][1] > 0
     assert seen["models"] == ["tiny"] and seen["usage"] == 3
     assert (seen["block_size"], seen["max_num_seqs"]) == (8, 5)
     assert (seen["no key"], seen["health"], seen["rebinding"], seen["named host"], seen["big body"]) == (401, 200, 400, 200, 413)
     assert not seen["llm"].is_running  # shut down when the server stops
-    assert main(["serve", "--model", str(tmp_path / "no-such-model")]) == 2
+    assert main(["serve", "--model", str(tmp_path / "no-such-model"), "--port", "0"]) == 2
     assert "neither a local folder nor a hub id" in capsys.readouterr().err
 
 
