@@ -1,6 +1,7 @@
 """Opening a committed notebook in JupyterLab and saving it changes nothing (no diff nobody made)."""
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,25 @@ def test_a_whole_float_is_rewritten_as_javascript_writes_it():
     again = json.loads(form.jupyterlab_form(text))["metadata"]["x"]
     assert again == {"width": 1, "ratio": 0.25, "big": 1e22} and isinstance(again["width"], int)
     assert form.jupyterlab_form(form.jupyterlab_form(text)) == form.jupyterlab_form(text)
+
+
+def chapters_cited(glossary: str) -> set[str]:
+    cited = set()
+    for m in re.finditer(r"[Cc]hapters? ((?:\d\d(?:, | and )?)+)", glossary):
+        cited |= set(re.findall(r"\d\d", m.group(1)))
+    return cited
+
+
+def test_every_chapter_after_the_first_has_its_terms_in_the_glossary():
+    """The glossary (notebooks/README.md) cites each chapter 01-13 in at least one entry ("(chapter 13)",
+    "chapters 03, 04, 12", "Chapter 12.")."""
+    text = (ROOT / "notebooks" / "README.md").read_text()
+    glossary = text[text.index("## Glossary"):text.index("\n## ", text.index("## Glossary") + 1)]
+    glossary = re.sub(r"<!--.*?-->", "", glossary, flags=re.DOTALL)  # notes to authors are not entries
+    chapters = {p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")} - {"00"}
+    assert chapters - chapters_cited(glossary) == set()
+
+
+def test_the_check_reads_the_three_ways_an_entry_cites_chapters():
+    assert chapters_cited("a (chapter 13). b (chapters 03, 04, 12). c, Chapter 09. d (chapters 07 and 08)") == \
+        {"13", "03", "04", "12", "09", "07", "08"}
