@@ -19,6 +19,7 @@ from ..constrained.limits import ConstraintLimits
 from ..server.protocol import JSON_OBJECT
 from ..sampling_params import SamplingParams
 from ..server.limits import ServerLimits
+from ..serving.async_llm import TOKENIZE_BACKLOG
 
 DEFAULTS = ServerLimits()
 
@@ -38,6 +39,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         "names are answered, against DNS rebinding; repeatable)")
     p.add_argument("--max-request-bytes", type=int, default=DEFAULTS.max_body_bytes,
                    help="larger request bodies get 413 (default: %(default)s)")
+    p.add_argument("--max-request-bytes-per-second", type=int, default=DEFAULTS.body_bytes_per_s,
+                   help="a tenant's request bodies are read at most this fast, after a burst of one whole body; "
+                        "faster senders wait (default: %(default)s)")
     p.add_argument("--max-requests-per-tenant", type=int, default=DEFAULTS.max_requests_per_tenant,
                    help="requests in flight per tenant (API key, else client address); more wait (default: %(default)s)")
     p.add_argument("--max-queued-per-tenant", type=int, default=DEFAULTS.max_queued_per_tenant,
@@ -52,6 +56,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="a client that reads nothing of its reply for this long is disconnected (default: %(default)s)")
     p.add_argument("--shutdown-timeout", type=float, default=DEFAULTS.shutdown_timeout,
                    help="on SIGTERM or Ctrl-C, seconds in-flight requests get before the exit (default: %(default)s)")
+    p.add_argument("--max-tokenize-backlog", type=int, default=TOKENIZE_BACKLOG,
+                   help="prompts of one tenant waiting for the tokenizer; past it 429 (default: %(default)s)")
     p.add_argument("--constraint-timeout", type=float, default=ConstraintLimits.timeout,
                    help="seconds a JSON Schema/regex may take to compile before the request gets 400 (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -80,14 +86,15 @@ def serve(args: argparse.Namespace) -> int:
     with _children_ignore_ctrl_c():
         try:
             llm = AsyncLLM(args.model, constraint_limits=ConstraintLimits(timeout=args.constraint_timeout),
-                           **engine_kwargs(args))
+                           tokenize_backlog=args.max_tokenize_backlog, **engine_kwargs(args))
         except ValueError as e:
             sock.close()
             print(f"error: {e}", file=sys.stderr)
             return 2
         # json_object's regex takes seconds to compile: do it now, so that no request waits for it past its time limit
         threading.Thread(target=_precompile_json_object, args=(llm,), name="nano_infer-warm", daemon=True).start()
-    limits = ServerLimits(max_body_bytes=args.max_request_bytes, max_requests_per_tenant=args.max_requests_per_tenant,
+    limits = ServerLimits(max_body_bytes=args.max_request_bytes, body_bytes_per_s=args.max_request_bytes_per_second,
+                          max_requests_per_tenant=args.max_requests_per_tenant,
                           max_queued_per_tenant=args.max_queued_per_tenant,
                           max_connections=args.max_connections, max_connections_per_peer=args.max_connections_per_client,
                           request_timeout=args.request_timeout, send_timeout=args.send_timeout,

@@ -292,6 +292,7 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
 
     def serve_briefly(llm, host, port, served_model_name, log_level, api_key, allowed_hosts, limits, sock):
         seen["bound"] = sock.getsockname()  # the port taken before the model loaded
+        seen["pace"], seen["backlog"] = limits.body_bytes_per_s, llm._tokenizer_thread.max_backlog
         sock.close()
         server = BackgroundServer(llm, host, port, served_model_name, api_key=api_key, allowed_hosts=allowed_hosts,
                                   limits=limits)
@@ -315,7 +316,9 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(nano_infer.server, "run_server", serve_briefly)
     monkeypatch.setenv("NANO_INFER_API_KEY", "secret")
     assert main(["serve", "--model", str(qwen2_dir), "--port", "0", "--served-model-name", "tiny",
-                 "--block-size", "8", "--max-num-seqs", "5", "--allowed-host", "box.lan", "--max-request-bytes", "1000"]) == 0
+                 "--block-size", "8", "--max-num-seqs", "5", "--allowed-host", "box.lan", "--max-request-bytes", "1000",
+                 "--max-request-bytes-per-second", "500000", "--max-tokenize-backlog", "7"]) == 0
+    assert (seen["pace"], seen["backlog"]) == (500_000, 7)
     assert seen["bound"][0] == "127.0.0.1" and seen["bound"][1] > 0
     assert seen["models"] == ["tiny"] and seen["usage"] == 3
     assert (seen["block_size"], seen["max_num_seqs"]) == (8, 5)
