@@ -78,7 +78,6 @@ def test_command_line_generates_from_a_gguf_file(capsys):
     assert "Paris" in capsys.readouterr().out
 
 
-
 def test_a_second_engine_on_the_file_gets_its_own_copy_of_its_config(llm):
     """transformers' reading of the file's config is kept per process: a copy each time, so one engine's
     change to it is not another's."""
