@@ -115,6 +115,7 @@ def _nano_worker(model: str, threads: int, quantization: str | None = None):
 
     hf_logging.disable_progress_bar()  # transformers' bar while it reads the GGUF file
     torch.set_num_threads(threads)
+    before_load = rss_mib()
     engine = LLMEngine(model, **({"quantization": quantization} if quantization else {}))  # else what a user gets
 
     def encode(messages):
@@ -131,7 +132,7 @@ def _nano_worker(model: str, threads: int, quantization: str | None = None):
         return ChatTiming.from_times("nano_infer", len(ids), start, out.metrics.token_times,
                                      out.outputs[0].token_ids)
 
-    return encode, run
+    return encode, run, before_load
 
 
 def _cpu_has_amx() -> bool:
@@ -158,6 +159,7 @@ def _llama_cpp_worker(model: str, threads: int):
             return params
 
         low_level.llama_model_default_params = without_extra_buffer_types
+    before_load = rss_mib()
     llm = Llama(model_path=model, n_ctx=2048, n_threads=threads, n_threads_batch=threads, seed=0, verbose=False)
 
     def run(ids: list[int], max_tokens: int) -> ChatTiming:
@@ -170,17 +172,27 @@ def _llama_cpp_worker(model: str, threads: int):
                 break
         return ChatTiming.from_times("llama.cpp", len(ids), start, times, tokens)
 
-    return None, run
+    return None, run, before_load
+
+
+def rss_mib() -> float | None:
+    """The process's resident memory now (Linux's /proc; None elsewhere): what stays, where the peak is
+    `ru_maxrss`."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return None
 
 
 def worker(engine: str, model: str, threads: int, quantization: str | None = None) -> None:
     """Load one engine, say so, then run each chat read from stdin ({"ids", "max_tokens"} or {"messages"})."""
     if engine == "nano_infer":
-        encode, run = _nano_worker(model, threads, quantization)
+        encode, run, before_load = _nano_worker(model, threads, quantization)
     else:
-        encode, run = _llama_cpp_worker(model, threads)
+        encode, run, before_load = _llama_cpp_worker(model, threads)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    ready = {"ready": engine, "max_rss_mib": peak_kib / 1024}
+    ready = {"ready": engine, "max_rss_mib": peak_kib / 1024, "before_load_rss_mib": before_load}
     if engine == "llama.cpp":
         ready["extra_buffer_types"] = not _cpu_has_amx()
     print(RESULT + json.dumps(ready), flush=True)
@@ -191,6 +203,7 @@ def worker(engine: str, model: str, threads: int, quantization: str | None = Non
         else:
             reply = asdict(run(job["ids"], job["max_tokens"]))
             reply["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            reply["rss_mib"] = rss_mib()
         print(RESULT + json.dumps(reply), flush=True)
 
 
@@ -240,8 +253,11 @@ def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2,
         for name in ENGINES:
             workers[name] = Worker(name, str(model), threads, quantization if name == "nano_infer" else None)
         prompts = [workers["nano_infer"].ask({"messages": chat(r)})["ids"] for r in range(rounds + 1)]
-        for w in workers.values():  # round 0 warms both up (first calls allocate and initialise)
-            w.ask({"ids": prompts[0], "max_tokens": 8})
+        grown = {}
+        for name, w in workers.items():  # round 0 warms both up (first calls allocate and initialise)
+            now = w.ask({"ids": prompts[0], "max_tokens": 8})["rss_mib"]
+            before = w.ready["before_load_rss_mib"]
+            grown[name] = None if now is None or before is None else now - before
         runs = {name: [] for name in ENGINES}
         for r in range(1, rounds + 1):
             for name in ENGINES if r % 2 else ENGINES[::-1]:
@@ -263,6 +279,7 @@ def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2,
         "model": str(model), "rounds": rounds, "threads": threads, "max_tokens": max_tokens,
         "nano_infer_quantization": quantization or "default",
         "prompt_tokens": [len(p) for p in prompts[1:]], "runs": runs, "peak_rss_mib": memory,
+        "grown_rss_mib": grown,
         "median": {name: {k: statistics.median(t[k] for t in rows) for k in ("ms_per_token", "ttft_ms")}
                    for name, rows in runs.items()},
         "ratios": {k: paired_ratios([t[k] for t in runs["nano_infer"]], [t[k] for t in runs["llama.cpp"]])
@@ -286,6 +303,11 @@ def _span(values: list[int]) -> str:
     return f"{min(values)}" if min(values) == max(values) else f"{min(values)}-{max(values)}"
 
 
+def _grown(result: dict, name: str) -> str:
+    grown = result.get("grown_rss_mib", {}).get(name)
+    return "" if grown is None else f", grown {grown:.0f} MiB by loading the file and the first chat"
+
+
 def format_result(result: dict) -> str:
     """The comparison in a few lines: medians, ratios with their rounds and verdict, the floor under both."""
     med, rat, roof, w = result["median"], result["ratios"], result["roofline"], result["weights"]
@@ -294,7 +316,7 @@ def format_result(result: dict) -> str:
              f"quantization={result.get('nano_infer_quantization', 'default')}"]
     for name in ENGINES:
         lines.append(f"  {name:>10}: {med[name]['ms_per_token']:6.1f} ms/token, TTFT {med[name]['ttft_ms']:6.0f} ms "
-                     f"(median); peak memory {result['peak_rss_mib'][name]:.0f} MiB")
+                     f"(median); peak memory {result['peak_rss_mib'][name]:.0f} MiB{_grown(result, name)}")
     for key, what in (("ms_per_token", "decode ms/token"), ("ttft_ms", "time to first token")):
         r = rat[key]
         lines.append(f"  nano_infer / llama.cpp, {what}: {r['median']:.2f}x (rounds {r['min']:.2f}-{r['max']:.2f}) "

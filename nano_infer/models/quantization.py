@@ -142,9 +142,10 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features = k, n
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features), self.packed, GROUP,
-                                                         self.scales_and_zeros)
-        out = out.view(*x.shape[:-1], self.out_features)
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # the packed step is 2-D: no view to make
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+        if x.dim() != 2:
+            out = out.view(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
 

@@ -96,7 +96,8 @@ def test_roofline_is_the_weights_read_once_at_the_bandwidth(tmp_path):
 
 def test_a_nano_infer_round_times_exactly_the_tokens_asked_for(qwen2_dir):
     """Each round's chat differs from the first line on (no prefix cache serves it); the run ignores EOS."""
-    encode, run = llamacpp._nano_worker(str(qwen2_dir), threads=2, quantization="none")
+    encode, run, before_load = llamacpp._nano_worker(str(qwen2_dir), threads=2, quantization="none")
+    assert 0 < before_load < llamacpp.rss_mib()  # resident memory before the engine was built, less than now
     first, second = encode(llamacpp.chat(1)), encode(llamacpp.chat(2))
     assert llamacpp.leading_agreement(first, second) < 16  # inside the first block (16 tokens): no block shared
     t = run(first, 6)
@@ -109,7 +110,8 @@ def test_the_printed_summary_carries_the_ratios_verdicts_and_floors():
             "llama.cpp": [{"ms_per_token": 10.0, "ttft_ms": 100.0}, {"ms_per_token": 15.0, "ttft_ms": 60.0}]}
     weights = {"tensors": 3, "stored_bytes": 2**20, "elements": 2**20, "bfloat16_bytes": 2**21}
     result = {"model": "m.gguf", "max_tokens": 128, "threads": 2, "rounds": 2, "prompt_tokens": [80, 80],
-              "peak_rss_mib": {"nano_infer": 500.0, "llama.cpp": 300.0}, "same_leading_tokens": [5, 128],
+              "peak_rss_mib": {"nano_infer": 500.0, "llama.cpp": 300.0},
+              "grown_rss_mib": {"nano_infer": 250.4, "llama.cpp": None}, "same_leading_tokens": [5, 128],
               "median": {n: {k: sum(t[k] for t in rows) / 2 for k in ("ms_per_token", "ttft_ms")} for n, rows in runs.items()},
               "ratios": {k: llamacpp.paired_ratios([t[k] for t in runs["nano_infer"]], [t[k] for t in runs["llama.cpp"]])
                          for k in ("ms_per_token", "ttft_ms")},
@@ -119,4 +121,6 @@ def test_the_printed_summary_carries_the_ratios_verdicts_and_floors():
     assert "decode ms/token: 2.00x (rounds 2.00-2.00) -> llama.cpp faster" in text
     assert "time to first token: 0.83x (rounds 0.50-1.17) -> inconclusive" in text
     assert "at least 1.0 ms/token as stored, 2.0 in bfloat16" in text
+    assert "peak memory 500 MiB, grown 250 MiB by loading the file and the first chat" in text
+    assert "peak memory 300 MiB\n" in text  # no resident-memory figure (not Linux): nothing said
     assert "nano_infer decodes at 25.0x the as-stored floor" in text and "without its extra buffer types" in text
