@@ -24,10 +24,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 like the reference, then cast back: bf16 variance is too coarse.
-        if x.dtype == torch.float32:
+        """x (the float32 residual stream, or Qwen3's q/k heads) normalised and scaled in float32, then
+        rounded once to the weight's dtype: the input of the matmuls that follow."""
+        if self.weight.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op
-        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
+        return F.rms_norm(x.float(), self.weight.shape, eps=self.eps).mul_(self.weight).to(self.weight.dtype)
 
 
 def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
@@ -124,12 +125,19 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, tp)
 
     def forward(self, x, cos_sin, attn_ctx):
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, attn_ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        """x: the residual stream, in float32 whatever the weights' dtype (see CausalLM)."""
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, attn_ctx).float()
+        return x + self.mlp(self.post_attention_layernorm(x)).float()
 
 
 class CausalLM(nn.Module):
-    """Embedding -> decoder layers -> final norm; `compute_logits` only for rows we sample."""
+    """Embedding -> decoder layers -> final norm; `compute_logits` only for rows we sample.
+
+    Weights and matmul inputs are in the engine's dtype, the residual stream between the layers is
+    float32, as llama.cpp keeps its activations: it sums every layer's output, and in bfloat16 each
+    sum rounds away what a small output adds. On SmolLM2's Q4_1 file in bfloat16 that took the mean
+    log-prob error against transformers' float32 from 0.048 to 0.035 nats (top-1 95.2% -> 97.0%),
+    for two casts a layer. In float32 nothing changes."""
 
     def __init__(self, config, max_positions: int | None = None, tp=None):
         super().__init__()
@@ -149,9 +157,10 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_ctx) -> torch.Tensor:
         x = self.embed_tokens(input_ids) if self.tp is None else self.tp.embed(self.embed_tokens.weight, input_ids)
         cos_sin = self.rotary.lookup(positions, x.dtype)
+        x = x.float()
         for layer in self.layers:
             x = layer(x, cos_sin, attn_ctx)
-        return self.norm(x)
+        return self.norm(x)  # in the engine's dtype again, for the logits
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Logits [N, vocab]; with tensor parallelism on rank 0 only (None on the other ranks)."""

@@ -3,9 +3,11 @@
 bfloat16 keeps 8 bits of mantissa, and two correct implementations round in different places
 (packed or fused kernels, batched attention, the order of a sum), so token-identical is too
 strict here; the float32 tests in test_parity.py are the exact oracle. The tolerance is
-stated against bfloat16's own error: the engine may be no further from transformers'
-bfloat16 logits than those are from transformers' float32 logits, and where a greedy
-continuation leaves transformers' tokens, the two tokens must be a near-tie at that point.
+stated against bfloat16's own error, taken from float32 as the truth: the engine's logits may be
+no further from transformers' float32 logits, on average, than transformers' bfloat16 logits are
+(its residual stream is float32, so it is nearer), and never more than twice their largest error;
+where a greedy continuation leaves transformers' tokens, the two tokens must be a near-tie at
+that point.
 """
 import torch
 from transformers import AutoModelForCausalLM
@@ -30,7 +32,8 @@ def test_bf16_logits_within_bf16_error_of_transformers(model_dir, tokenizer):
         exact = hf(model_dir, torch.float32, engine.device)(ids[None]).logits[0]
     bf16_error = (theirs - exact).abs().max()
     assert 0 < bf16_error < 0.05 * exact.abs().max()  # the yardstick is bfloat16 rounding, not a broken model
-    assert (ours - theirs).abs().max() <= bf16_error
+    assert (ours - exact).abs().mean() <= (theirs - exact).abs().mean()
+    assert (ours - exact).abs().max() <= 2 * bf16_error
 
 
 def test_bf16_greedy_leaves_transformers_only_at_near_ties(model_dir, tokenizer):
