@@ -97,7 +97,7 @@ def test_roofline_is_the_weights_read_once_at_the_bandwidth(tmp_path):
 def test_a_nano_infer_round_times_exactly_the_tokens_asked_for(qwen2_dir):
     """Each round's chat differs from the first line on (no prefix cache serves it); the run ignores EOS."""
     encode, run, before_load = llamacpp._nano_worker(str(qwen2_dir), threads=2, quantization="none")
-    assert 0 < before_load < llamacpp.rss_mib()  # resident memory before the engine was built, less than now
+    assert before_load > 0  # resident memory before the engine was built (building it may trim the heap below it)
     first, second = encode(llamacpp.chat(1)), encode(llamacpp.chat(2))
     assert llamacpp.leading_agreement(first, second) < 16  # inside the first block (16 tokens): no block shared
     t = run(first, 6)
