@@ -29,14 +29,14 @@ def numeric_regex(kind: str, node: dict, path: str) -> str:
         return INTEGER if kind == "integer" else NUMBER
     first = -LARGEST if lo is None else math.floor(lo) + 1 if lo_open and lo == math.floor(lo) else math.ceil(lo)
     last = LARGEST if hi is None else math.ceil(hi) - 1 if hi_open and hi == math.ceil(hi) else math.floor(hi)
-    if first > last:
+    parts = [] if first > last else [integer_range(first, last) if kind == "integer" else _number_range(first, last)]
+    if kind == "number" and lo_open and lo == math.floor(lo) and lo >= 0 and (hi is None or hi >= lo + 1):
+        parts.insert(0, f"{int(lo)}\\.[0-9]{{0,{MAX_DIGITS - 1}}}[1-9]")  # pydantic's gt=0: 0.5 too, and (0, 1)
+    if kind == "number" and hi_open and hi == math.ceil(hi) and hi <= 0 and (lo is None or lo <= hi - 1):
+        parts.append(f"-{-int(hi)}\\.[0-9]{{0,{MAX_DIGITS - 1}}}[1-9]")  # lt=0: -0.5 too, and (-1, 0)
+    if not parts:
         raise ValueError(f"no {kind} lies between the minimum and maximum at {path}")
-    if kind == "integer":
-        return integer_range(first, last)
-    regex = _number_range(first, last)
-    if lo_open and lo == math.floor(lo) and lo >= 0 and (hi is None or hi >= lo + 1):  # pydantic's gt=0: 0.5 too
-        regex = f"({int(lo)}\\.[0-9]{{0,{MAX_DIGITS - 1}}}[1-9]|{regex})"
-    return regex
+    return parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
 
 
 def _bounds(node: dict, path: str):

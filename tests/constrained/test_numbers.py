@@ -2,6 +2,7 @@
 import json
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -33,6 +34,17 @@ def test_a_bounded_number_never_matches_outside_its_bounds(lo, width, lo_open, h
         assert pattern.fullmatch(str(lo))
     if not hi_open:
         assert pattern.fullmatch(str(hi))
+
+
+def test_an_open_unit_interval_holds_its_fractions():
+    """(0, 1) is pydantic's gt=0, lt=1 (a probability): no integer lies inside, numbers do; (-1, 0) mirrors it."""
+    for node, inside, outside in (({"exclusiveMinimum": 0, "exclusiveMaximum": 1}, ["0.5", "0.001"], ["0", "1", "1.5", "-0.5"]),
+                                  ({"exclusiveMinimum": -1, "exclusiveMaximum": 0}, ["-0.5", "-0.25"], ["0", "-1", "0.5"]),
+                                  ({"exclusiveMinimum": -4, "exclusiveMaximum": -3}, ["-3.5"], ["-3", "-4", "-4.5"])):
+        pattern = re.compile(numeric_regex("number", node, "#"))
+        assert all(pattern.fullmatch(v) for v in inside) and not any(pattern.fullmatch(v) for v in outside), node
+    with pytest.raises(ValueError, match="no integer lies between"):
+        numeric_regex("integer", {"exclusiveMinimum": 0, "exclusiveMaximum": 1}, "#")
 
 
 def test_unbounded_integers_and_numbers_have_bounded_digits():
