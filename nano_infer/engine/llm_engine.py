@@ -10,10 +10,10 @@ on the same engine. The step loop is the same whatever is on: schedule, let the 
 batch, run the model, process the outputs, commit to the caches. What each chapter adds lives beside it:
 KV memory in `kv/` (one `KVManager` over the block manager and the prefix cache), scheduling in
 `scheduler.py`, packing and the forward pass in `model_runner.py`, sampling and stop checks in
-`output_processor.py`, tensor parallelism in `distributed/` (an executor under the runner), and four
+`output_processor.py`, tensor parallelism in `distributed/` (an executor under the runner), and five
 plug-ins (plugin.py): the host tier's `KVOffloader` (kv/offload.py), the `SpeculativeDecoder` (spec/),
-the `BeamSearcher` (beam/, made on the first beam-search request) and the `StepRecorder` of the memory
-plots (memory.py).
+the `BeamSearcher` (beam/, made on the first beam-search request), the `StepRecorder` of the memory
+plots (memory.py) and `DenseCopies` of int4 weights for batches (dense_copies.py).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import torch
 from ..config import EngineConfig
 from ..beam import BeamSearcher, BeamSearchParams, BeamState
 from .cpu_allocator import keep_freed_memory
+from .dense_copies import DenseCopies
 from ..distributed import driver_shard, start_workers
 from ..kv.offload import BlockSwap, KVOffloader
 from ..kv.paged import kv_bytes_per_token
@@ -97,7 +98,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.beam_searcher = None  # made on the first beam-search request
         self.plugins, self.claimers = [], []  # by phase (`_plug_in`); those that claim logit rows
-        self._plug_in(self.offloader, self.spec, self.recorder)
+        self._plug_in(self.offloader, self.spec, self.recorder, DenseCopies.for_model(self.model))
         self.output_processor = OutputProcessor(self.requests, self.scheduler, self.tokenizer, self.eos_token_ids,
                                                 self.max_model_len, self.device)
         self.num_steps = 0

@@ -1,7 +1,7 @@
 """EnginePlugin: a part beside the step loop, entered through narrow seams.
 
 `LLMEngine.step` stays the same short loop whatever is switched on; a feature that needs more
-than scheduling, one forward pass and sampling is a plug-in. There are four:
+than scheduling, one forward pass and sampling is a plug-in. There are five:
 
 - `KVOffloader` (kv/offload.py, chapter 12) runs the host tier's block copies with the step's and
   times them and the prefills, for the swap-or-recompute cost model;
@@ -10,6 +10,8 @@ than scheduling, one forward pass and sampling is a plug-in. There are four:
 - `BeamSearcher` (beam/, chapter 11) claims its beams' rows, forks and frees beams; the engine
   makes it on the first beam-search request;
 - `StepRecorder` (engine/memory.py, the memory plots) records each finished step (`after_step`).
+- `DenseCopies` (engine/dense_copies.py, chapter 13) gives int4 weights a dense copy on the first
+  step that decodes a batch.
 
 A plug-in sees a `StepContext`, never the engine. The engine runs the plug-ins in the order of
 their `phase`, because two of them touch the same KV blocks before the pass: the tier's copies

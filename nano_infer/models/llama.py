@@ -27,8 +27,8 @@ class RMSNorm(nn.Module):
         """x (the float32 residual stream, or Qwen3's q/k heads) normalised and scaled in float32, then
         rounded once to the weight's dtype: the input of the matmuls that follow."""
         if self.weight.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op
-        return F.rms_norm(x.float(), self.weight.shape, eps=self.eps).mul_(self.weight).to(self.weight.dtype)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(self.weight.dtype)
 
 
 def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
@@ -126,8 +126,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos_sin, attn_ctx):
         """x: the residual stream, in float32 whatever the weights' dtype (see CausalLM)."""
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, attn_ctx).float()
-        return x + self.mlp(self.post_attention_layernorm(x)).float()
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, attn_ctx)  # float32 + bfloat16 is float32
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class CausalLM(nn.Module):

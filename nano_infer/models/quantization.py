@@ -8,7 +8,10 @@ scale = d, zero = m + 8d. Unpacking a block is reordering nibbles, not rounding.
 
 torch's CPU int4 and int8 kernels are vectorized for bfloat16 activations only (float32 runs a
 scalar loop, ~10x slower than a float32 matmul), and they re-read the weights for every 4 rows:
-a win for one row, even at 4, slower than a dense matmul from 8 rows up.
+a win for one row, even at 4, slower than a dense matmul from 8 rows up. So an engine that
+decodes more than `INT4_MAX_ROWS` sequences at once gives each int4 layer a dense copy of its
+weight for the steps of many rows (`DenseCopies`): one chat reads 4-bit weights, a batch gets
+the dense matmul's speed, and only a batch pays the dense copy's memory.
 """
 from __future__ import annotations
 
@@ -17,9 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from .packed import PackedLinear, can_pack
+
 GROUP = 32  # weights per scale (and zero): llama.cpp's block of Q4_0, Q4_1, Q8_0 and Q4_K's sub-blocks
+# The most rows the int4 kernel multiplies before a dense copy (when there is one) takes over: SmolLM2-135M's 120
+# layers in bfloat16 on 2 cores took 6.8 ms in int4 and 10.8 dense at 4 rows, 12.6 and 11.7 at 8 (AVX512-BF16, no AMX).
+INT4_MAX_ROWS = 4
 
 
 @dataclass
@@ -140,13 +149,36 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)  # [K / 32, N, 2]
         self.register_buffer("bias", None if bias is None else bias.to(dtype), persistent=False)
         self.in_features, self.out_features = k, n
+        self.dense = None  # the weight dequantized, for steps of more than INT4_MAX_ROWS rows (`hold_dense_copy`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # the packed step is 2-D: no view to make
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+        if self.dense is not None and rows.shape[0] > INT4_MAX_ROWS:
+            out = self.dense(rows)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
         if x.dim() != 2:
             out = out.view(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
+
+
+    def hold_dense_copy(self) -> int:
+        """Keep the weight dequantized beside the int4 one (the kernel's own values, rounded once to the
+        activations' dtype), for steps of many rows; returns the bytes it takes."""
+        weight = int4_identity_dequantize(self, self.scales_and_zeros.dtype).contiguous()
+        self.dense = PackedLinear(weight, None) if can_pack(weight.device, weight.dtype) else _Dense(weight)
+        return weight.nbytes
+
+
+class _Dense(nn.Module):
+    """F.linear on a plain weight, where oneDNN's packed layout is not to be had (float32)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
 
 
 class Int8Linear(nn.Module):
@@ -186,14 +218,18 @@ def resolve_quantization(quantization: str | None, gguf_file: str | None, device
                          dtype: torch.dtype) -> tuple[str, str]:
     """(mode, why): "gguf" (a GGUF file's tensors as stored), "int8" / "int4" (quantized at load) or "none".
 
-    A GGUF file is dequantized unless asked for "gguf": torch's CPU int4 kernel wins at one to four
-    rows and loses from eight up (a prefill chunk, a batch), and in float32 it is a scalar loop.
+    By default a GGUF file runs as stored on a CPU in bfloat16, as llama.cpp runs it (a batch then adds
+    dense copies: `DenseCopies`); elsewhere it is dequantized: torch's int4 kernel is a CPU kernel, and
+    in float32 a scalar loop.
     """
     if quantization in ("gguf", "int8", "int4") and device.type != "cpu":
         raise ValueError(f"quantization={quantization!r} runs torch's CPU int4/int8 kernels, and device is "
                          f"{device.type!r}: use quantization='none' (GGUF files are then dequantized)")
+    if quantization is None and gguf_file and device.type == "cpu" and dtype == torch.bfloat16:
+        return "gguf", "the default on a CPU in bfloat16; quantization='none' dequantizes it"
     if quantization in (None, "none"):
-        return "none", "dequantized (quantization='gguf' runs it as stored)" if gguf_file else ""
+        how = "asked for" if quantization == "none" else "the default in this dtype on this device"
+        return "none", f"dequantized ({how}; quantization='gguf' runs it as stored)" if gguf_file else ""
     return quantization, "asked for"
 
 

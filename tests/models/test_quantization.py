@@ -14,8 +14,8 @@ from gguf.quants import dequantize, quantize
 
 from nano_infer import LLM, SamplingParams
 from nano_infer.config import EngineConfig
-from nano_infer.models.quantization import (UNPACK, Int4Linear, Int4Weight, Int8Linear, QuantEmbedding, RowInt8Weight,
-                                            int4_identity_dequantize, resolve_quantization)
+from nano_infer.models.quantization import (INT4_MAX_ROWS, UNPACK, Int4Linear, Int4Weight, Int8Linear, QuantEmbedding,
+                                            RowInt8Weight, int4_identity_dequantize, resolve_quantization)
 from tests.helpers.checkpoints import GGUF, transformers_gguf
 
 CPU = torch.device("cpu")
@@ -75,8 +75,11 @@ def test_bad_quantization_settings_are_clear_errors(qwen2_dir):
         LLM(str(qwen2_dir), quantization="gguf")
     with pytest.raises(ValueError, match="device is 'cuda'"):
         resolve_quantization("int4", None, torch.device("cuda"), torch.bfloat16)
-    # the default: a GGUF file dequantized (as stored only when asked: the int4 kernel loses from 8 rows up)
-    assert resolve_quantization(None, "m.gguf", CPU, torch.bfloat16)[0] == "none"
+    # the default: a GGUF file as stored on a CPU in bfloat16; dequantized in float32 (a scalar int4 loop) and on a GPU
+    assert resolve_quantization(None, "m.gguf", CPU, torch.bfloat16)[0] == "gguf"
+    assert resolve_quantization(None, "m.gguf", CPU, torch.float32)[0] == "none"
+    assert resolve_quantization(None, "m.gguf", torch.device("cuda"), torch.bfloat16)[0] == "none"
+    assert resolve_quantization("none", "m.gguf", CPU, torch.bfloat16)[0] == "none"
     assert resolve_quantization("gguf", "m.gguf", CPU, torch.bfloat16) == ("gguf", "asked for")
     assert resolve_quantization(None, None, CPU, torch.bfloat16) == ("none", "")
 
@@ -176,10 +179,11 @@ def test_the_gguf_file_as_stored_scores_text_like_transformers_float32():
 
 
 @needs_gguf
-def test_a_gguf_file_as_stored_holds_int4_layers_and_ranks_the_same_first_tokens():
-    """As stored only when asked: by default the file is dequantized (the README's answer stays the same)."""
-    stored = LLM(str(GGUF), dtype="bfloat16", max_model_len=256, quantization="gguf")
-    assert "weights as stored" in stored.engine.startup_line and "120 linear layers int4" in stored.engine.startup_line
+def test_a_gguf_file_runs_as_stored_by_default_and_ranks_the_same_first_tokens():
+    """The default in bfloat16 on a CPU is the file as stored; quantization='none' dequantizes it."""
+    stored = LLM(str(GGUF), dtype="bfloat16", max_model_len=256)
+    assert "weights as stored (the default" in stored.engine.startup_line
+    assert "120 linear layers int4" in stored.engine.startup_line
     assert isinstance(stored.engine.model.embed_tokens, QuantEmbedding)
     # its first reply token is a near tie in float32 ("The" -1.883 nats, "L" -1.965), closer than bfloat16 logits
     # resolve (steps of 1/16 to 1/8 at their size): either path may pick either, so this checks the top two
@@ -187,6 +191,41 @@ def test_a_gguf_file_as_stored_holds_int4_layers_and_ranks_the_same_first_tokens
                       SamplingParams(temperature=0, max_tokens=1, logprobs=2))
     top = {stored.tokenizer.decode([t]) for t, lp in out[0].outputs[0].logprobs[0].items() if lp.rank <= 2}
     assert top == {"The", "L"}
-    default = LLM(str(GGUF), dtype="bfloat16", max_model_len=256)
-    assert "dequantized (quantization='gguf' runs it as stored)" in default.engine.startup_line
-    assert not isinstance(default.engine.model.embed_tokens, QuantEmbedding)
+    dequantized = LLM(str(GGUF), dtype="bfloat16", max_model_len=256, quantization="none")
+    assert "dequantized (asked for; quantization='gguf' runs it as stored)" in dequantized.engine.startup_line
+    assert not isinstance(dequantized.engine.model.embed_tokens, QuantEmbedding)
+
+
+def test_an_int4_layer_multiplies_few_rows_as_stored_and_many_through_its_dense_copy():
+    torch.manual_seed(0)
+    w, bias = torch.randn(96, 128) * 0.05, torch.randn(96)
+    layer = Int4Linear(Int4Weight.quantize(w), bias, torch.bfloat16)
+    few, many = torch.randn(INT4_MAX_ROWS, 128).bfloat16(), torch.randn(INT4_MAX_ROWS + 1, 128).bfloat16()
+    int4 = {x.shape[0]: layer(x) for x in (few, many)}
+    assert layer.hold_dense_copy() == 96 * 128 * 2
+    exact = int4_identity_dequantize(layer, torch.float32)  # the kernel's own weight
+    dense = int4_identity_dequantize(layer, torch.bfloat16)
+    assert torch.equal(dense, exact.bfloat16())  # the copy is the kernel's weight, rounded once
+    assert torch.equal(layer(few), int4[INT4_MAX_ROWS])  # few rows: still the int4 kernel
+    assert not torch.equal(layer(many), int4[INT4_MAX_ROWS + 1])  # many: the dense matmul, not the int4 kernel
+    torch.testing.assert_close(layer(many), F.linear(many, dense) + layer.bias)
+    torch.testing.assert_close(layer(many).float(), F.linear(many.float(), exact, bias), rtol=0, atol=2e-2)
+
+
+def test_an_engine_that_decodes_a_batch_gives_its_int4_layers_dense_copies_and_stays_close_to_float(tiny_float):
+    """One sequence decodes through the int4 kernel alone; the first step that decodes more than INT4_MAX_ROWS
+    sequences gives every int4 layer a dense copy, and the scores stay as close to the float model's."""
+    float_llm, reference = tiny_float
+    llm = LLM(dtype="bfloat16", quantization="int4")
+    linears = [m for m in llm.engine.model.modules() if isinstance(m, Int4Linear)]
+    llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4))
+    assert all(m.dense is None for m in linears)
+    batch = [f"{p} {i}" for i in range(INT4_MAX_ROWS) for p in PROMPTS[:2]]
+    llm.generate(batch, SamplingParams(temperature=0, max_tokens=4))
+    assert all(m.dense is not None for m in linears) and len(linears) == 20
+    ids = [r.prompt_token_ids + r.outputs[0].token_ids for r in reference]
+    scored = llm.generate(prompt_token_ids=ids, sampling_params=SamplingParams(max_tokens=1, prompt_logprobs=0))
+    floats = float_llm.generate(prompt_token_ids=ids, sampling_params=SamplingParams(max_tokens=1, prompt_logprobs=0))
+    diff = [abs(a[t].logprob - b[t].logprob) for s, f, i in zip(scored, floats, ids)
+            for a, b, t in zip(s.prompt_logprobs[1:], f.prompt_logprobs[1:], i[1:])]
+    assert np.mean(diff) <= 0.12  # the int4 bound of the float32 test above; bfloat16 adds its rounding

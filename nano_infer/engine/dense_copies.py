@@ -1,0 +1,37 @@
+"""DenseCopies: int4 weights get a dense copy once the engine decodes a batch (chapter 13).
+
+A GGUF file held as stored runs torch's int4 kernel, which wins at one sequence (it reads a
+third of the bytes) and loses from 8 rows up (it re-reads the weights every 4 rows). The first
+step that decodes more than `INT4_MAX_ROWS` sequences dequantizes every int4 layer once and
+keeps both forms: from then on steps of many rows (a batch, a prompt) use the dense matmul and
+steps of few rows the int4 one. One chat never pays the copy's memory; a batch is as fast as
+with the file dequantized at load.
+"""
+from __future__ import annotations
+
+import logging
+
+from ..models.quantization import INT4_MAX_ROWS, Int4Linear
+from .plugin import EnginePlugin, StepContext
+
+logger = logging.getLogger("nano_infer")
+
+
+class DenseCopies(EnginePlugin):
+    def __init__(self, layers: list[Int4Linear]):
+        self.layers = layers  # the int4 layers still without a dense copy
+        self.bytes = 0  # what the copies take, once made
+
+    @staticmethod
+    def for_model(model) -> DenseCopies | None:
+        """The plug-in for a model with int4 layers (None for one without)."""
+        layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+        return DenseCopies(layers) if layers else None
+
+    def adjust(self, step: StepContext) -> None:
+        scheduled = step.batch.scheduled
+        if self.layers and len(scheduled) > INT4_MAX_ROWS and sum(e.is_decode for e in scheduled) > INT4_MAX_ROWS:
+            self.bytes = sum(layer.hold_dense_copy() for layer in self.layers)
+            logger.info(f"decoding more than {INT4_MAX_ROWS} sequences: the {len(self.layers)} int4 layers now also "
+                        f"hold a dense copy for steps of many rows (+{self.bytes / 2**20:.0f} MiB)")
+            self.layers = []
