@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--static-batch-size", type=int, default=8)
     p.add_argument("--attention", default="gather", choices=["gather", "blockwise"])
+    p.add_argument("--quantization", choices=["none", "gguf", "int8", "int4"],
+                   help="nano_infer's `quantization` (default: the engine's own choice)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                    help="on a GPU, the share of its memory nano_infer may fill (weights + KV pool); the rest is left "
@@ -117,8 +119,9 @@ def decode_roofline(bench: Bench, num_seqs: int, prompt_len: tuple[int, int], gf
 
 def run_model(args, name: str, folder: str, preset: dict, dtype: str, report: dict) -> dict:
     """Every workload of one model in one dtype, both engines in that dtype; the ceiling from a matmul in it."""
+    options = {"quantization": args.quantization} if args.quantization else {}
     bench = Bench(folder, args.engines, args.static_batch_size, attention=args.attention, dtype=dtype,
-                  gpu_memory_utilization=args.gpu_memory_utilization)
+                  gpu_memory_utilization=args.gpu_memory_utilization, **options)
     cfg, engine = bench.engine.hf_config, bench.engine
     params = sum(p.numel() for p in engine.model.parameters())
     dtype_name = str(engine.dtype).removeprefix("torch.")

@@ -1,11 +1,11 @@
-"""DenseCopies: int4 weights get a dense copy once the engine decodes a batch (chapter 13).
+"""DenseCopies: int4 weights get a dense copy once the engine runs a batch (chapter 13).
 
 A GGUF file held as stored runs torch's int4 kernel, which wins at one sequence (it reads a
 third of the bytes) and loses from 8 rows up (it re-reads the weights every 4 rows). The first
-step that decodes more than `INT4_MAX_ROWS` sequences dequantizes every int4 layer once and
-keeps both forms: from then on steps of many rows (a batch, a prompt) use the dense matmul and
-steps of few rows the int4 one. One chat never pays the copy's memory; a batch is as fast as
-with the file dequantized at load.
+step with more than `INT4_MAX_ROWS` sequences in it dequantizes every int4 layer once and keeps
+both forms: from then on steps of many rows (a batch, a prompt) use the dense matmul and steps
+of few rows the int4 one. One chat never pays the copy's memory; a batch is as fast as with the
+file dequantized at load.
 """
 from __future__ import annotations
 
@@ -29,9 +29,8 @@ class DenseCopies(EnginePlugin):
         return DenseCopies(layers) if layers else None
 
     def adjust(self, step: StepContext) -> None:
-        scheduled = step.batch.scheduled
-        if self.layers and len(scheduled) > INT4_MAX_ROWS and sum(e.is_decode for e in scheduled) > INT4_MAX_ROWS:
+        if self.layers and len(step.batch.scheduled) > INT4_MAX_ROWS:
             self.bytes = sum(layer.hold_dense_copy() for layer in self.layers)
-            logger.info(f"decoding more than {INT4_MAX_ROWS} sequences: the {len(self.layers)} int4 layers now also "
+            logger.info(f"a step of more than {INT4_MAX_ROWS} sequences: the {len(self.layers)} int4 layers now also "
                         f"hold a dense copy for steps of many rows (+{self.bytes / 2**20:.0f} MiB)")
             self.layers = []

@@ -9,7 +9,7 @@ scale = d, zero = m + 8d. Unpacking a block is reordering nibbles, not rounding.
 torch's CPU int4 and int8 kernels are vectorized for bfloat16 activations only (float32 runs a
 scalar loop, ~10x slower than a float32 matmul), and they re-read the weights for every 4 rows:
 a win for one row, even at 4, slower than a dense matmul from 8 rows up. So an engine that
-decodes more than `INT4_MAX_ROWS` sequences at once gives each int4 layer a dense copy of its
+runs more than `INT4_MAX_ROWS` sequences in a step gives each int4 layer a dense copy of its
 weight for the steps of many rows (`DenseCopies`): one chat reads 4-bit weights, a batch gets
 the dense matmul's speed, and only a batch pays the dense copy's memory.
 """

@@ -212,9 +212,9 @@ def test_an_int4_layer_multiplies_few_rows_as_stored_and_many_through_its_dense_
     torch.testing.assert_close(layer(many).float(), F.linear(many.float(), exact, bias), rtol=0, atol=2e-2)
 
 
-def test_an_engine_that_decodes_a_batch_gives_its_int4_layers_dense_copies_and_stays_close_to_float(tiny_float):
-    """One sequence decodes through the int4 kernel alone; the first step that decodes more than INT4_MAX_ROWS
-    sequences gives every int4 layer a dense copy, and the scores stay as close to the float model's."""
+def test_an_engine_that_runs_a_batch_gives_its_int4_layers_dense_copies_and_stays_close_to_float(tiny_float):
+    """One sequence runs through the int4 kernel alone; the first step of more than INT4_MAX_ROWS sequences gives
+    every int4 layer a dense copy, and the scores stay as close to the float model's."""
     float_llm, reference = tiny_float
     llm = LLM(dtype="bfloat16", quantization="int4")
     linears = [m for m in llm.engine.model.modules() if isinstance(m, Int4Linear)]
