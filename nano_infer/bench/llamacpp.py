@@ -16,7 +16,7 @@ stored and for the same weights dequantized to bfloat16.
 
     python -m nano_infer.bench.llamacpp                           # make models, make llama-cpp first
     python -m nano_infer.bench.llamacpp --rounds 5 --threads 2 --max-tokens 128
-    python -m nano_infer.bench.llamacpp --quantization gguf     # nano_infer running the file as stored
+    python -m nano_infer.bench.llamacpp --quantization none     # nano_infer dequantizing the file at load
 
 `python -m nano_infer.bench` runs it too (`--no-llama-cpp` leaves it out).
 """

@@ -9,8 +9,8 @@ before the fusing: q, k and v (gate and up) are cut separately, so a fused weigh
 rank's query heads, then its KV heads, then their values, just as the forward expects.
 
 A llama.cpp / Ollama GGUF file gives config, tokenizer and chat template from its metadata;
-its quantized tensors are dequantized to the engine's dtype as they are read (`gguf.py`), or
-with quantization="gguf" run as stored (`quantization.py`). transformers reads the config and
+its quantized tensors run as stored (`quantization.py`; the default on a CPU in bfloat16), or are
+dequantized to the engine's dtype as they are read (`gguf.py`). transformers reads the config and
 the tokenizer by parsing the whole file's metadata, seconds each for SmolLM2's 49,152-token
 vocabulary, so a process keeps the config it read of a file and a second engine on it gets a
 copy (not the tokenizer: a kept copy would hold ~90 MiB for as long as the process runs).
