@@ -53,12 +53,13 @@ def bytes_per_step(engine, num_seqs: int, context: int) -> tuple[int, int]:
 def matmul_weight_bytes(model) -> int:
     """Bytes of the weights the step multiplies by: each linear layer's weight (int4: its packed nibbles and
     group scales and zeros; int8: its bytes and row scales), and the LM head, which with tied weights and no
-    head of its own is the whole embedding matrix. The embedding lookup reads one row a token: left out."""
+    head of its own is the whole embedding matrix. The embedding lookup reads one row a token: left out. An
+    int4 layer's dense copy (made for batches, `DenseCopies`) is left out too: a step of few rows reads the int4."""
     held = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
         if isinstance(module, (Int4Linear, Int8Linear)):
-            held += sum(b.numel() * b.element_size() for name, b in module.named_buffers() if name != "bias")
-        elif isinstance(module, (nn.Linear, PackedLinear)):
+            held += sum(b.numel() * b.element_size() for n, b in module.named_buffers(recurse=False) if n != "bias")
+        elif isinstance(module, (nn.Linear, PackedLinear)) and not name.endswith(".dense"):
             held += module.weight.numel() * module.weight.element_size()
     if getattr(model, "lm_head", None) is None:
         held += model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()

@@ -166,7 +166,7 @@ class Int4Linear(nn.Module):
         """Keep the weight dequantized beside the int4 one (the kernel's own values, rounded once to the
         activations' dtype), for steps of many rows; returns the bytes it takes."""
         weight = int4_identity_dequantize(self, self.scales_and_zeros.dtype).contiguous()
-        self.dense = PackedLinear(weight, None) if can_pack(weight.device, weight.dtype) else _Dense(weight)
+        self.dense = PackedLinear(weight, None, copy=True) if can_pack(weight.device, weight.dtype) else _Dense(weight)
         return weight.nbytes
 
 
