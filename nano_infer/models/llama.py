@@ -26,9 +26,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (the float32 residual stream, or Qwen3's q/k heads) normalised and scaled in float32, then
         rounded once to the weight's dtype: the input of the matmuls that follow."""
-        if self.weight.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(self.weight.dtype)
+        w = self.weight
+        if w.dtype == torch.float32:
+            return F.rms_norm(x, w.shape, w, self.eps)
+        return F.rms_norm(x.float(), w.shape, w.float(), self.eps).to(w.dtype)
 
 
 def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:

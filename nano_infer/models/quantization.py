@@ -157,10 +157,10 @@ class Int4Linear(nn.Module):
             out = self.dense(rows)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
-        if x.dim() != 2:
+        if rows is not x:
             out = out.view(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias
-
+        bias = self.bias
+        return out if bias is None else out + bias
 
     def hold_dense_copy(self) -> int:
         """Keep the weight dequantized beside the int4 one (the kernel's own values, rounded once to the
