@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from ..models.quantization import INT4_MAX_ROWS, Int4Linear
 from .plugin import EnginePlugin, StepContext
 
@@ -20,17 +22,18 @@ logger = logging.getLogger("nano_infer")
 class DenseCopies(EnginePlugin):
     def __init__(self, layers: list[Int4Linear]):
         self.layers = layers  # the int4 layers still without a dense copy
-        self.bytes = 0  # what the copies take, once made
 
     @staticmethod
     def for_model(model) -> DenseCopies | None:
-        """The plug-in for a model with int4 layers (None for one without)."""
-        layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+        """The plug-in for a model with int4 layers in bfloat16 (None otherwise: in float32 the int4 kernel is a
+        scalar loop, and reading a weight back through it, K rows of an identity matrix, costs more than it saves)."""
+        layers = [m for m in model.modules()
+                  if isinstance(m, Int4Linear) and m.scales_and_zeros.dtype == torch.bfloat16]
         return DenseCopies(layers) if layers else None
 
     def adjust(self, step: StepContext) -> None:
         if self.layers and len(step.batch.scheduled) > INT4_MAX_ROWS:
-            self.bytes = sum(layer.hold_dense_copy() for layer in self.layers)
+            copied = sum(layer.hold_dense_copy() for layer in self.layers)
             logger.info(f"a step of more than {INT4_MAX_ROWS} sequences: the {len(self.layers)} int4 layers now also "
-                        f"hold a dense copy for steps of many rows (+{self.bytes / 2**20:.0f} MiB)")
+                        f"hold a dense copy for steps of many rows (+{copied / 2**20:.0f} MiB)")
             self.layers = []

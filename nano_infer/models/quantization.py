@@ -171,7 +171,7 @@ class Int4Linear(nn.Module):
 
 
 class _Dense(nn.Module):
-    """F.linear on a plain weight, where oneDNN's packed layout is not to be had (float32)."""
+    """F.linear on a plain weight, where oneDNN's packed layout is not to be had (its bfloat16 needs AVX512 or AMX)."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
