@@ -23,7 +23,8 @@ _OPTIONS = {
     "dtype": dict(help="auto | float32 | bfloat16 | float16"),
     "device": dict(help="cpu | cuda (default: cuda if available)"),
     "quantization": dict(choices=[q for q in QUANTIZATIONS if q], help="how weights are held (default: a GGUF file "
-                         "dequantized; gguf: its tensors as stored, on CPU); int8/int4: quantize at load"),
+                         "as stored on a CPU in bfloat16, else dequantized; none: dequantized; gguf: as stored, on "
+                         "CPU); int8/int4: quantize at load"),
     "kv_cache": dict(choices=KV_CACHES, help="where K/V lives"),
     "block_size": dict(type=int, help="tokens per KV block"),
     "prefix_cache": dict(help="prefix reuse (auto: radix when paged)"),
