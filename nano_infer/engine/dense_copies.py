@@ -4,8 +4,8 @@ A GGUF file held as stored runs torch's int4 kernel, which wins at one sequence 
 third of the bytes) and loses from 8 rows up (it re-reads the weights every 4 rows). The first
 step with more than `INT4_MAX_ROWS` sequences in it dequantizes every int4 layer once and keeps
 both forms: from then on steps of many rows (a batch, a prompt) use the dense matmul and steps
-of few rows the int4 one. One chat never pays the copy's memory; a batch is as fast as with the
-file dequantized at load.
+of few rows the int4 one. One chat never pays the copy's memory; a batch runs the same dense
+matmuls as with the file dequantized at load.
 """
 from __future__ import annotations
 

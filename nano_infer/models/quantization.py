@@ -10,8 +10,8 @@ torch's CPU int4 and int8 kernels are vectorized for bfloat16 activations only (
 scalar loop, ~10x slower than a float32 matmul), and they re-read the weights for every 4 rows:
 a win for one row, even at 4, slower than a dense matmul from 8 rows up. So an engine that
 runs more than `INT4_MAX_ROWS` sequences in a step gives each int4 layer a dense copy of its
-weight for the steps of many rows (`DenseCopies`): one chat reads 4-bit weights, a batch gets
-the dense matmul's speed, and only a batch pays the dense copy's memory.
+weight for the steps of many rows (`DenseCopies`): one chat reads 4-bit weights, a batch runs
+the dense matmul, and only a batch pays the dense copy's memory.
 """
 from __future__ import annotations
 
