@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .quantization import (Int4Weight, describe_weights, install_quantized, quantize_weight, quantized_linear,
+from .quantization import (describe_weights, install_quantized, quantize_weight, quantized_linear,
                            resolve_quantization)
 
 TINY_MODEL_DIR = Path(__file__).parent / "tiny"
@@ -202,7 +202,7 @@ def safetensors_tensors(model_dir: Path, device: torch.device, config=None, mode
 
 def _whole(parts: list):
     """A fused weight from its parts, rows end to end."""
-    return Int4Weight.cat(parts) if isinstance(parts[0], Int4Weight) else torch.cat(parts, dim=0)
+    return torch.cat(parts, dim=0) if isinstance(parts[0], torch.Tensor) else type(parts[0]).cat(parts)
 
 
 def _read_all(tensors, model, device, dtype, mode: str) -> dict:

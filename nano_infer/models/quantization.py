@@ -78,6 +78,10 @@ class Int8Weight:
     q: torch.Tensor
     d: torch.Tensor
 
+    @staticmethod
+    def cat(parts: list[Int8Weight]) -> Int8Weight:
+        return Int8Weight(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]))
+
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         q, d = (self.q, self.d) if rows is None else (self.q[rows], self.d[rows])
         return (q.view(q.shape[0], -1, GROUP).float() * d.unsqueeze(-1)).view(q.shape)
@@ -152,22 +156,50 @@ class Int4Linear(nn.Module):
         self.dense = None  # the weight dequantized, for steps of more than INT4_MAX_ROWS rows (`hold_dense_copy`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # the packed step is 2-D: no view to make
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the packed step is 2-D: no view to make
         if self.dense is not None and rows.shape[0] > INT4_MAX_ROWS:
             out = self.dense(rows)
         else:
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+            out = self.int4_mm(rows)
         if rows is not x:
             out = out.view(*x.shape[:-1], self.out_features)
         bias = self.bias
         return out if bias is None else out + bias
 
+    def int4_mm(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+
     def hold_dense_copy(self) -> int:
         """Keep the weight dequantized beside the int4 one (the kernel's own values, rounded once to the
         activations' dtype), for steps of many rows; returns the bytes it takes."""
-        weight = int4_identity_dequantize(self, self.scales_and_zeros.dtype).contiguous()
+        return self._hold(int4_identity_dequantize(self, self.scales_and_zeros.dtype).contiguous())
+
+    def _hold(self, weight: torch.Tensor) -> int:
         self.dense = PackedLinear(weight, None, copy=True) if can_pack(weight.device, weight.dtype) else _Dense(weight)
         return weight.nbytes
+
+
+class Q8Linear(Int4Linear):
+    """A Q8_0 weight (w = d * q, q an int8) through the same int4 kernel, exactly: q + 128 = 16 * hi + lo
+    splits each byte into two 4-bit halves, w = 16d * (hi - 8) + d * lo, so one int4 matmul of [x, x]
+    against [hi | lo] (scales 16d and d, zeros 0 and 8d) sums both. It reads a byte a weight, half of
+    bfloat16's two; llama.cpp's SmolLM2 file stores its embedding (the tied LM head) this way."""
+
+    def __init__(self, w: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype):
+        u = w.q.to(torch.int16) + 128
+        halves = Int4Weight(torch.cat([u >> 4, u & 15], dim=1).to(torch.uint8), torch.cat([16 * w.d, w.d], dim=1),
+                            torch.cat([-128 * w.d, torch.zeros_like(w.d)], dim=1))
+        super().__init__(halves, bias, dtype)
+        self.w = w  # the blocks (shared with the embedding lookup when tied): a dense copy is made from them
+        self.in_features = w.q.shape[1]
+
+    def int4_mm(self, rows: torch.Tensor) -> torch.Tensor:
+        return super().int4_mm(torch.cat([rows, rows], dim=1))
+
+    def hold_dense_copy(self) -> int:
+        """The kernel's weight is d (rounded to the activations' dtype, as its scales are) times q, exactly."""
+        dtype = self.scales_and_zeros.dtype
+        return self._hold(Int8Weight(self.w.q, self.w.d.to(dtype).float()).dequantize().to(dtype))
 
 
 class _Dense(nn.Module):
@@ -235,16 +267,22 @@ def resolve_quantization(quantization: str | None, gguf_file: str | None, device
 
 def quantized_linear(w: Int4Weight | RowInt8Weight | Int8Weight, dtype: torch.dtype) -> nn.Module | Int8Weight:
     """The layer for a linear weight, built as soon as the weight is whole, so the unpacked form (a byte a
-    weight) of one matrix at a time is ever held; a Q8_0 weight (no kernel here) stays as it is."""
+    weight) of one matrix at a time is ever held. A Q8_0 weight runs as two int4 halves in bfloat16
+    (`Q8Linear`); in float32, where the int4 kernel is a scalar loop, it stays as it is (to be dequantized)."""
     if isinstance(w, Int4Weight):
         return Int4Linear(w, None, dtype)
-    return Int8Linear(w, None, dtype) if isinstance(w, RowInt8Weight) else w
+    if isinstance(w, Int8Weight):
+        return Q8Linear(w, None, dtype) if dtype == torch.bfloat16 else w
+    return Int8Linear(w, None, dtype)
+
+
+HELD = {Q8Linear: "Q8_0 as two int4 halves", Int4Linear: "int4 (group 32)", Int8Linear: "int8 (per row)"}
 
 
 def install_quantized(model: nn.Module, state: dict, dtype: torch.dtype) -> Counter:
     """Swap in a quantized layer for every quantized weight of `state` (a built layer from `quantized_linear`,
-    or the embedding's blocks), taking it and its bias out of `state`; a weight with no kernel here (a Q8_0
-    linear weight) goes back into `state` dequantized. Returns what went where."""
+    or the embedding's blocks), taking it and its bias out of `state`; a weight with no layer (a Q8_0 weight
+    in float32) goes back into `state` dequantized. Returns what went where."""
     held = Counter()
     for name in [n for n, w in state.items() if not isinstance(w, torch.Tensor)]:
         w, path = state.pop(name), name.removesuffix(".weight")
@@ -252,12 +290,14 @@ def install_quantized(model: nn.Module, state: dict, dtype: torch.dtype) -> Coun
         if name == "embed_tokens.weight":
             model.embed_tokens = QuantEmbedding(w, dtype)
             held["embedding kept as stored"] += 1
-            if model.tie_word_embeddings and isinstance(w, Int4Weight):  # the logits' matmul on the same blocks
-                model.lm_head = Int4Linear(w, None, dtype)
-            elif model.tie_word_embeddings:  # Q8_0: no exact kernel; a copy in `dtype` for the logits
+            head = quantized_linear(w, dtype) if model.tie_word_embeddings else None  # the logits on the same blocks
+            if isinstance(head, Int8Weight):  # float32: a dequantized copy for the logits
                 model.lm_head = nn.Linear(w.q.shape[1], w.q.shape[0], bias=False, device="meta")
                 state["lm_head.weight"] = w.dequantize().to(dtype)
                 held["logits through a dequantized copy"] += 1
+            elif head is not None:
+                model.lm_head = head
+                held[f"logits through the stored blocks ({HELD[type(head)]})"] += 1
             continue
         if isinstance(w, Int8Weight):
             state[name] = w.dequantize().to(dtype)
@@ -266,7 +306,7 @@ def install_quantized(model: nn.Module, state: dict, dtype: torch.dtype) -> Coun
         bias = state.pop(path + ".bias", None)
         w.bias = None if bias is None else bias.to(dtype)
         setattr(parent, leaf, w)
-        held["int4 (group 32)" if isinstance(w, Int4Linear) else "int8 (per row)"] += 1
+        held[HELD[type(w)]] += 1
     return held
 
 
@@ -275,7 +315,7 @@ def describe_weights(mode: str, why: str, held: Counter, dequantized: Counter, d
     name = str(dtype).removeprefix("torch.")
     if mode == "none":
         return why and f"weights dequantized to {name} ({why})"
-    parts = [f"{n} linear layers {kind}" if kind.startswith("int") else f"{kind}" + (f" x{n}" if n > 1 else "")
+    parts = [f"{n} linear layers {kind}" if kind in HELD.values() else f"{kind}" + (f" x{n}" if n > 1 else "")
              for kind, n in held.items()]
     parts += [f"{n} {kind} tensors dequantized (no exact int4 form)" for kind, n in dequantized.items()]
     how = "as stored" if mode == "gguf" else "quantized at load"
@@ -283,6 +323,7 @@ def describe_weights(mode: str, why: str, held: Counter, dequantized: Counter, d
 
 
 def int4_identity_dequantize(layer: Int4Linear, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The weight exactly as the kernel sees it: the identity matrix multiplied through it ([N, K])."""
-    eye = torch.eye(layer.in_features, dtype=dtype)
+    """The weight exactly as the kernel sees it: the identity matrix multiplied through it ([N, K], K the
+    kernel's: for a `Q8Linear` both halves side by side)."""
+    eye = torch.eye(2 * layer.packed.shape[1], dtype=dtype)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, layer.packed, GROUP, layer.scales_and_zeros.to(dtype)).T

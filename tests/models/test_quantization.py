@@ -14,8 +14,9 @@ from gguf.quants import dequantize, quantize
 
 from nano_infer import LLM, SamplingParams
 from nano_infer.config import EngineConfig
-from nano_infer.models.quantization import (INT4_MAX_ROWS, UNPACK, Int4Linear, Int4Weight, Int8Linear, QuantEmbedding,
-                                            RowInt8Weight, int4_identity_dequantize, resolve_quantization)
+from nano_infer.models.quantization import (INT4_MAX_ROWS, UNPACK, Int4Linear, Int4Weight, Int8Linear, Q8Linear,
+                                            QuantEmbedding, RowInt8Weight, int4_identity_dequantize, quantized_linear,
+                                            resolve_quantization)
 from tests.helpers.checkpoints import GGUF, transformers_gguf
 
 CPU = torch.device("cpu")
@@ -64,6 +65,28 @@ def test_quantized_linears_match_f_linear_on_their_dequantized_weight():
     exact = F.linear(x, q4.dequantize(), bias)
     out = Int4Linear(q4, bias, torch.bfloat16)(x.bfloat16()).float()
     assert (out - exact).abs().max() <= 2e-2 * exact.abs().max()  # bfloat16 activations, scales and output
+
+
+def test_a_q8_0_weight_runs_through_the_int4_kernel_as_two_halves_exactly():
+    """q + 128 = 16 hi + lo: the two 4-bit halves multiply to exactly d * q, with d rounded to bfloat16 as
+    every int4 scale is; a batch then takes a dense copy of that same weight."""
+    rng = np.random.default_rng(0)
+    raw = quantize((rng.standard_normal((96, 256)) * 0.05).astype(np.float32), GGMLQuantizationType.Q8_0)
+    weight = UNPACK["Q8_0"](raw)
+    assert weight.q.min() < -100 and weight.q.max() > 100  # both halves' full ranges are exercised
+    layer = quantized_linear(weight, torch.bfloat16)
+    assert isinstance(layer, Q8Linear) and quantized_linear(weight, torch.float32) is weight  # float32: no layer
+    kernel_weight = weight.q.float() * weight.d.bfloat16().float().repeat_interleave(32, dim=1)
+    halves = int4_identity_dequantize(layer)  # [96, 512] in float32 (exact): the hi half's columns, then lo's
+    assert torch.equal(halves[:, :256] + halves[:, 256:], kernel_weight)
+    x = torch.randn(INT4_MAX_ROWS, 256).bfloat16()
+    exact = F.linear(x.float(), kernel_weight)
+    assert (layer(x).float() - exact).abs().max() <= 1e-2 * exact.abs().max()  # the bfloat16 output's rounding
+    many = torch.randn(INT4_MAX_ROWS + 1, 256).bfloat16()
+    stored = layer(many)
+    assert layer.hold_dense_copy() == 96 * 256 * 2
+    torch.testing.assert_close(layer(many), F.linear(many, kernel_weight.bfloat16()))  # the copy: d * q, rounded once
+    assert not torch.equal(layer(many), stored) and torch.equal(layer(x), layer(x))
 
 
 def test_bad_quantization_settings_are_clear_errors(qwen2_dir):
