@@ -1,5 +1,5 @@
-"""Chapter 13, reference solutions: `check.quantize_q4_1`, `check.pack_q4_1`, `check.sequences_that_fit`,
-`check.graph_bucket`."""
+"""Chapter 13, reference solutions: `check.quantize_q4_1`, `check.pack_q4_1`, `check.q8_halves`,
+`check.sequences_that_fit`, `check.graph_bucket`."""
 import struct
 
 
@@ -14,6 +14,12 @@ def quantize_q4_1(weights: list[float]):
 def pack_q4_1(d: float, m: float, q: list[int]) -> bytes:
     """d and m as float16, then 16 bytes: byte j holds q[j] in its low nibble and q[j + 16] in its high one."""
     return struct.pack("<ee", d, m) + bytes(q[j] | (q[j + 16] << 4) for j in range(16))
+
+
+def q8_halves(q: int) -> tuple[int, int]:
+    """An int8 (-128..127) as two values in 0..15 with q = 16 * (hi - 8) + lo: q + 128 is one unsigned byte."""
+    u = q + 128
+    return u >> 4, u & 15
 
 
 def sequences_that_fit(card_bytes: int, weight_bytes: int, kv_bytes_per_token: int, tokens_per_sequence: int) -> int:

@@ -1,5 +1,5 @@
-"""Chapter 13 exercises: a Q4_1 block quantized and packed by hand, the sequences a card's memory holds,
-the captured batch size a decode step pads to."""
+"""Chapter 13 exercises: a Q4_1 block quantized and packed by hand, a Q8_0 byte split into two int4 halves,
+the sequences a card's memory holds, the captured batch size a decode step pads to."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 from hypothesis import strategies as st
 
 from ..engine.cuda_graph import BATCH_BUCKETS, batch_bucket
-from ..models.quantization import GROUP, Int4Weight, unpack_q4_1
+from ..models.quant_formats import GROUP, Int4Weight, unpack_q4_1
 from .core import call, exercise, expect, forall
 
 _groups = st.lists(st.floats(-4, 4, allow_nan=False, allow_infinity=False, width=32), min_size=GROUP, max_size=GROUP)
@@ -63,6 +63,22 @@ def pack_q4_1(candidate):
                why="q as the unpacker reads it (byte j holds q[j] in its low nibble and q[j + 16] in its high one):")
 
     forall(_blocks, prop, max_examples=40, examples=[(0.5, -1.0, list(range(16)) * 2), (1.0, 0.25, [15] * 16 + [0] * 16)])
+
+
+@exercise
+def q8_halves(candidate):
+    """Your two 4-bit values rebuild every int8: q = 16 * (hi - 8) + lo, both halves in 0..15 (what `Q8Linear`
+    multiplies: hi with scale 16d and zero 0, lo with scale d and zero 8d)."""
+    for q in range(-128, 128):
+        desc = f"q={q}"
+        got = call(candidate, q, case=desc)
+        expect(isinstance(got, tuple) and len(got) == 2, desc, "(hi, lo)", got, why="return a pair: hi, then lo")
+        hi, lo = got
+        want = ((q + 128) >> 4, (q + 128) & 15)
+        expect(all(isinstance(v, int) and 0 <= v <= 15 for v in got), desc, want, got,
+               why="the int4 kernel takes values 0..15 (it subtracts 8 itself): shift q by 128 first, into 0..255:")
+        expect(16 * (hi - 8) + lo == q, desc, want, got,
+               why=f"16 * (hi - 8) + lo must give q back; yours gives {16 * (hi - 8) + lo}:")
 
 
 @exercise

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .quantization import UNPACK
+from .quant_formats import UNPACK
 
 # metadata value types of fixed width (GGUF v2 / v3): u8 i8 u16 i16 u32 i32 f32 bool u64 i64 f64
 _WIDTH = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}

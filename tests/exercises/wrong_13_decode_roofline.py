@@ -42,6 +42,20 @@ def pack_q4_1__m_before_d(d, m, q):
     return struct.pack("<ee", m, d) + bytes(q[j] | (q[j + 16] << 4) for j in range(16))
 
 
+def q8_halves__no_offset(q):
+    return q >> 4, q & 15
+
+
+def q8_halves__halves_swapped(q):
+    u = q + 128
+    return u & 15, u >> 4
+
+
+def q8_halves__offset_of_127(q):
+    u = q + 127
+    return u >> 4, u & 15
+
+
 def sequences_that_fit__rounds_up(card_bytes, weight_bytes, kv_bytes_per_token, tokens_per_sequence):
     return -(-max(0, card_bytes - weight_bytes) // (kv_bytes_per_token * tokens_per_sequence))
 

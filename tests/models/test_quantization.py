@@ -14,9 +14,9 @@ from gguf.quants import dequantize, quantize
 
 from nano_infer import LLM, SamplingParams
 from nano_infer.config import EngineConfig
-from nano_infer.models.quantization import (INT4_MAX_ROWS, UNPACK, Int4Linear, Int4Weight, Int8Linear, Q8Linear,
-                                            QuantEmbedding, RowInt8Weight, int4_identity_dequantize, quantized_linear,
-                                            resolve_quantization)
+from nano_infer.models.quant_formats import UNPACK, Int4Weight, RowInt8Weight
+from nano_infer.models.quantization import (INT4_MAX_ROWS, Int4Linear, Int8Linear, Q8Linear, QuantEmbedding,
+                                            int4_identity_dequantize, quantized_linear, resolve_quantization)
 from tests.helpers.checkpoints import GGUF, transformers_gguf
 
 CPU = torch.device("cpu")
