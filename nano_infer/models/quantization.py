@@ -76,10 +76,13 @@ class Int4Linear(nn.Module):
 
 
 class Q8Linear(Int4Linear):
-    """A Q8_0 weight (w = d * q, q an int8) through the same int4 kernel, exactly: q + 128 = 16 * hi + lo
-    splits each byte into two 4-bit halves, w = 16d * (hi - 8) + d * lo, so one int4 matmul of [x, x]
-    against [hi | lo] (scales 16d and d, zeros 0 and 8d) sums both. It reads a byte a weight, half of
-    bfloat16's two; llama.cpp's SmolLM2 file stores its embedding (the tied LM head) this way."""
+    """A Q8_0 weight (w = d * q, q an int8) through the same int4 kernel: q + 128 = 16 * hi + lo splits
+    each byte into two 4-bit halves, w = 16d * (hi - 8) + d * lo, so one int4 matmul of [x, x] against
+    [hi | lo] (scales 16d and d, zeros 0 and 8d) sums both, with no rounding of q (d is rounded to the
+    activations' dtype, as every int4 scale is). A step reads a byte a weight, half of bfloat16's two;
+    llama.cpp's SmolLM2 file stores its embedding (the tied LM head) this way. The layer also keeps the
+    blocks themselves, to make an exact dense copy from: free when tied (the embedding lookup holds
+    them), a second byte a weight for a Q8_0 matrix of its own."""
 
     def __init__(self, w: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype):
         u = w.q.view(torch.uint8) ^ 128  # q + 128 in 0..255: the sign bit flipped
