@@ -14,6 +14,7 @@ from gguf.quants import dequantize, quantize
 
 from nano_infer import LLM, SamplingParams
 from nano_infer.config import EngineConfig
+from nano_infer.engine import dense_copies
 from nano_infer.models.quant_formats import UNPACK, Int4Weight, RowInt8Weight
 from nano_infer.models.quantization import (INT4_MAX_ROWS, Int4Linear, Int8Linear, Q8Linear, QuantEmbedding,
                                             int4_identity_dequantize, quantized_linear, resolve_quantization)
@@ -233,6 +234,21 @@ def test_an_int4_layer_multiplies_few_rows_as_stored_and_many_through_its_dense_
     assert not torch.equal(layer(many), int4[INT4_MAX_ROWS + 1])  # many: the dense matmul, not the int4 kernel
     torch.testing.assert_close(layer(many), F.linear(many, dense) + layer.bias)
     torch.testing.assert_close(layer(many).float(), F.linear(many.float(), exact, bias), rtol=0, atol=2e-2)
+
+
+def test_a_long_prompt_gives_the_int4_layers_dense_copies_and_a_short_one_does_not(monkeypatch):
+    """A prompt chunk of more than LONG_PROMPT_ROWS tokens makes the copies (here the bound is lowered to the
+    tiny model's scale); one of at most that many leaves the int4 kernel alone."""
+    monkeypatch.setattr(dense_copies, "LONG_PROMPT_ROWS", 24)
+    llm = LLM(dtype="bfloat16", quantization="int4", enable_prefix_caching=False)
+    linears = [m for m in llm.engine.model.modules() if isinstance(m, Int4Linear)]
+    ids = llm.tokenizer(" ".join(PROMPTS * 4))["input_ids"]
+    assert len(ids) > 24
+    params = SamplingParams(temperature=0, max_tokens=2)
+    llm.generate(prompt_token_ids=[ids[:24]], sampling_params=params)
+    assert all(m.dense is None for m in linears)
+    llm.generate(prompt_token_ids=[ids[:25]], sampling_params=params)
+    assert all(m.dense is not None for m in linears) and len(linears) == 20
 
 
 def test_an_engine_that_runs_a_batch_gives_its_int4_layers_dense_copies_and_stays_close_to_float(tiny_float):
