@@ -224,8 +224,8 @@ def _read_all(tensors, model, device, dtype, mode: str) -> dict:
             tensor = _whole(shards.pop(name))
         if mode in ("int8", "int4") and name.endswith("_proj.weight"):
             tensor = quantize_weight(tensor, mode)
-        state[name] = quantized_linear(tensor, dtype) if name.endswith("_proj.weight") and \
-            not isinstance(tensor, torch.Tensor) else tensor
+        linear = name.endswith("_proj.weight") or name == "lm_head.weight"  # a GGUF file's untied head, as stored too
+        state[name] = quantized_linear(tensor, dtype) if linear and not isinstance(tensor, torch.Tensor) else tensor
     if shards:
         raise ValueError(f"checkpoint is missing part of {sorted(shards)[:3]}")
     return state

@@ -91,6 +91,37 @@ def test_a_q8_0_weight_runs_through_the_int4_kernel_as_two_halves_exactly():
     assert torch.equal(layer(x), few)  # few rows: still the int4 kernel
 
 
+@pytest.mark.parametrize("kind, dtype, layer", [("Q4_1", torch.bfloat16, Int4Linear), ("Q8_0", torch.bfloat16, Q8Linear),
+                                                 ("Q8_0", torch.float32, torch.nn.Linear)])
+def test_a_gguf_files_untied_head_loads_as_stored_like_its_layers(kind, dtype, layer):
+    """An output weight of its own (no tied embedding) in 4- or 8-bit blocks gets the layer a projection would:
+    an int4 or Q8_0 layer, or in float32 a dequantized copy for the Q8_0 blocks."""
+    from accelerate import init_empty_weights
+    from safetensors.torch import load_file
+
+    from nano_infer.models.llama import CausalLM
+    from nano_infer.models.loader import TINY_MODEL_DIR, _read_all, load_config
+    from nano_infer.models.quant_formats import Int8Weight
+    from nano_infer.models.quantization import install_quantized
+
+    config = load_config(TINY_MODEL_DIR)
+    config.tie_word_embeddings = False
+    tensors = {k: v.float() for k, v in load_file(TINY_MODEL_DIR / "model.safetensors").items() if k != "lm_head.weight"}
+    w = tensors["model.embed_tokens.weight"]
+    g = w.view(w.shape[0], -1, 32)
+    head = Int4Weight.quantize(w) if kind == "Q4_1" else \
+        Int8Weight((g / (g.abs().amax(-1, keepdim=True) / 127)).round().to(torch.int8).view(w.shape), g.abs().amax(-1) / 127)
+    with init_empty_weights(include_buffers=False):
+        model = CausalLM(config, max_positions=64)
+    state = _read_all([*tensors.items(), ("lm_head.weight", head)], model, CPU, dtype, "gguf")
+    install_quantized(model, state, dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    assert type(model.lm_head) is layer
+    x = torch.randn(3, w.shape[1])
+    exact = F.linear(x, head.dequantize())
+    assert (model.compute_logits(x.to(dtype)).float() - exact).abs().max() <= 2e-2 * exact.abs().max()
+
+
 def test_bad_quantization_settings_are_clear_errors(qwen2_dir):
     with pytest.raises(ValueError, match="quantization='int3' is invalid"):
         EngineConfig(quantization="int3")
