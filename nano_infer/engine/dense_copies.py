@@ -1,4 +1,4 @@
-"""DenseCopies: int4 weights get a dense copy once the engine runs a batch (chapter 13).
+"""DenseCopies: int4 weights get a dense copy once the engine runs a batch or a long prompt (chapter 13).
 
 A GGUF file held as stored runs torch's int4 kernel, which wins at one sequence (it reads a
 third of the bytes) and loses from 8 rows up (it re-reads the weights every 4 rows). The first

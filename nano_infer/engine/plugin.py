@@ -11,7 +11,7 @@ than scheduling, one forward pass and sampling is a plug-in. There are five:
   makes it on the first beam-search request;
 - `StepRecorder` (engine/memory.py, the memory plots) records each finished step (`after_step`).
 - `DenseCopies` (engine/dense_copies.py, chapter 13) gives int4 weights a dense copy on the first
-  step of a batch.
+  step of a batch or of a long prompt.
 
 A plug-in sees a `StepContext`, never the engine. The engine runs the plug-ins in the order of
 their `phase`, because two of them touch the same KV blocks before the pass: the tier's copies
