@@ -11,6 +11,7 @@ the file dequantized at load.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -18,9 +19,9 @@ from ..models.quantization import INT4_MAX_ROWS, Int4Linear
 from .plugin import EnginePlugin, StepContext
 
 logger = logging.getLogger("nano_infer")
-# A prompt chunk this long saves about what the copies cost in its own step, and every later long prompt gains:
-# SmolLM2 on a 2-core Xeon in bfloat16 took ~2 ms a prompt token through the int4 kernel and ~0.4-0.6 with the
-# copies (a 2,000-token prompt: 4.0-4.5 s against 0.8-1.2), and making the copies ~2 s.
+# Up to this many prompt tokens a chat keeps only the 4-bit weights in memory. Past it the copies pay for themselves
+# in the chunk's own step: SmolLM2 on a 2-core Xeon in bfloat16 took ~2 ms a prompt token through the int4 kernel,
+# ~0.4-0.6 with the copies (a 2,000-token prompt: 4.0-4.5 s against 0.8-1.2), and making them 0.3 s (+202 MiB).
 LONG_PROMPT_ROWS = 1024
 
 
@@ -46,7 +47,8 @@ class DenseCopies(EnginePlugin):
             why = f"a prompt chunk of more than {LONG_PROMPT_ROWS} tokens"
         else:
             return
+        start = time.perf_counter()
         copied = sum(layer.hold_dense_copy() for layer in self.layers)
         logger.info(f"{why}: the {len(self.layers)} int4 layers now also hold a dense copy for steps of many rows "
-                    f"(+{copied / 2**20:.0f} MiB)")
+                    f"(+{copied / 2**20:.0f} MiB in {time.perf_counter() - start:.2f} s)")
         self.layers = []

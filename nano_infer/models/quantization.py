@@ -15,6 +15,7 @@ the dense matmul, and only a batch pays the dense copy's memory.
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import torch
@@ -68,7 +69,7 @@ class Int4Linear(nn.Module):
     def hold_dense_copy(self) -> int:
         """Keep the weight dequantized beside the int4 one (the kernel's own values, rounded once to the
         activations' dtype), for steps of many rows; returns the bytes it takes."""
-        return self._hold(int4_identity_dequantize(self, self.scales_and_zeros.dtype).contiguous())
+        return self._hold(int4_dequantize(self, self.scales_and_zeros.dtype))
 
     def _hold(self, weight: torch.Tensor) -> int:
         self.dense = PackedLinear(weight, None, copy=True) if can_pack(weight.device, weight.dtype) else _Dense(weight)
@@ -223,6 +224,41 @@ def describe_weights(mode: str, why: str, held: Counter, dequantized: Counter, d
 
 def int4_identity_dequantize(layer: Int4Linear, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The weight exactly as the kernel sees it: the identity matrix multiplied through it ([N, K], K the
-    kernel's: for a `Q8Linear` both halves side by side)."""
+    kernel's: for a `Q8Linear` both halves side by side). A matmul of K rows: SmolLM2's 120 layers take ~2 s."""
     eye = torch.eye(2 * layer.packed.shape[1], dtype=dtype)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, layer.packed, GROUP, layer.scales_and_zeros.to(dtype)).T
+
+
+def kernel_nibbles(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """q [n, k] (0..15, uint8) read back out of the kernel's layout: rows in blocks of 64, each block stored
+    k-major with row j in the low nibble and row j + 32 in the high one; the last n % 64 rows k-major with
+    rows 2i and 2i + 1 in one byte. `_int4_layout_known` checks that this build packs so."""
+    b = packed.view(torch.uint8).reshape(-1)
+    full = n // 64 * 64
+    parts = []
+    if full:
+        x = b[: full * k // 2].view(full // 64, k, 32)
+        parts.append(torch.cat([x & 15, x >> 4], dim=2).transpose(1, 2).reshape(full, k))
+    if n > full:
+        x = b[full * k // 2 :].view(k, (n - full) // 2)
+        parts.append(torch.stack([x & 15, x >> 4], dim=2).reshape(k, n - full).T)
+    return torch.cat(parts)
+
+
+@functools.cache
+def _int4_layout_known() -> bool:
+    """The packing is the kernel's own business (it may differ between CPU builds): probe it once."""
+    q = torch.randint(0, 16, (144, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    return torch.equal(kernel_nibbles(packed, 144, 64).int(), q)
+
+
+def int4_dequantize(layer: Int4Linear, dtype: torch.dtype) -> torch.Tensor:
+    """`int4_identity_dequantize`'s values, bit for bit, ~10x faster: (q - 8) * scale + zero in float32 (q - 8
+    times a scale rounded to the activations' dtype is exact, so the one rounding is the kernel's own)."""
+    n, k = layer.packed.shape[0], 2 * layer.packed.shape[1]
+    if not _int4_layout_known():
+        return int4_identity_dequantize(layer, dtype).contiguous()
+    q = kernel_nibbles(layer.packed, n, k).view(n, k // GROUP, GROUP).float() - 8
+    scale, zero = layer.scales_and_zeros.float().permute(2, 1, 0).contiguous()  # [N, K / 32] each
+    return torch.addcmul(zero[..., None], q, scale[..., None]).view(n, k).to(dtype)

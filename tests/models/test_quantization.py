@@ -10,14 +10,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from gguf.quants import dequantize, quantize
 
 from nano_infer import LLM, SamplingParams
 from nano_infer.config import EngineConfig
 from nano_infer.engine import dense_copies
 from nano_infer.models.quant_formats import UNPACK, Int4Weight, RowInt8Weight
+from nano_infer.models import quantization
 from nano_infer.models.quantization import (INT4_MAX_ROWS, Int4Linear, Int8Linear, Q8Linear, QuantEmbedding,
-                                            int4_identity_dequantize, quantized_linear, resolve_quantization)
+                                            int4_dequantize, int4_identity_dequantize, quantized_linear,
+                                            resolve_quantization)
 from tests.helpers.checkpoints import GGUF, transformers_gguf
 
 CPU = torch.device("cpu")
@@ -266,6 +270,33 @@ def test_an_int4_layer_multiplies_few_rows_as_stored_and_many_through_its_dense_
     assert not torch.equal(layer(many), int4[INT4_MAX_ROWS + 1])  # many: the dense matmul, not the int4 kernel
     torch.testing.assert_close(layer(many), F.linear(many, dense) + layer.bias)
     torch.testing.assert_close(layer(many).float(), F.linear(many.float(), exact, bias), rtol=0, atol=2e-2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 24), st.integers(1, 8), st.sampled_from([torch.float32, torch.bfloat16]), st.integers(0, 2**16))
+def test_the_dense_copy_reads_the_kernels_nibbles_back_bit_for_bit(sixteens, groups, dtype, seed):
+    """Unpacking the kernel's layout (blocks of 64 rows and a tail of n % 64) gives what the identity matrix
+    multiplied through the kernel gives, bit for bit, whatever the shape."""
+    g = torch.Generator().manual_seed(seed)
+    n, k = 16 * sixteens, 32 * groups
+    w = Int4Weight(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
+                   torch.rand(n, groups, generator=g) * 0.1, torch.randn(n, groups, generator=g) * 0.1)
+    layer = Int4Linear(w, None, dtype)
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":  # this layout is the AVX512 build's (CI's machines)
+        assert quantization._int4_layout_known() and torch.equal(quantization.kernel_nibbles(layer.packed, n, k), w.q)
+    assert torch.equal(int4_dequantize(layer, dtype), int4_identity_dequantize(layer, dtype))
+
+
+def test_a_build_that_packs_int4_otherwise_gets_its_dense_copy_through_the_kernel(monkeypatch):
+    torch.manual_seed(0)
+    layer = Int4Linear(Int4Weight.quantize(torch.randn(80, 64)), None, torch.bfloat16)
+    monkeypatch.setattr(quantization, "kernel_nibbles", lambda packed, n, k: torch.zeros(n, k, dtype=torch.uint8))
+    quantization._int4_layout_known.cache_clear()
+    try:
+        assert not quantization._int4_layout_known()  # the probe sees the (planted) wrong reading
+        assert torch.equal(int4_dequantize(layer, torch.bfloat16), int4_identity_dequantize(layer, torch.bfloat16))
+    finally:
+        quantization._int4_layout_known.cache_clear()
 
 
 def test_a_long_prompt_gives_the_int4_layers_dense_copies_and_a_short_one_does_not(monkeypatch):
