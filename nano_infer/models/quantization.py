@@ -11,7 +11,8 @@ scalar loop, ~10x slower than a float32 matmul), and they re-read the weights fo
 a win for one row, even at 4, slower than a dense matmul from 8 rows up. So an engine that
 runs more than `INT4_MAX_ROWS` sequences in a step gives each int4 layer a dense copy of its
 weight for the steps of many rows (`DenseCopies`): one chat reads 4-bit weights, a batch runs
-the dense matmul, and only a batch pays the dense copy's memory.
+the dense matmul, and only a batch pays the dense copy's memory. Before that, a prompt chunk of
+more than `DEQUANTIZE_ROWS` tokens dequantizes each layer for its own matmul and lets it go.
 """
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ from .quant_formats import GROUP, Int4Weight, Int8Weight, RowInt8Weight
 # The most rows the int4 kernel multiplies before a dense copy (when there is one) takes over: SmolLM2-135M's 120
 # layers in bfloat16 on 2 cores took 6.8 ms in int4 and 10.8 dense at 4 rows, 12.6 and 11.7 at 8 (AVX512-BF16, no AMX).
 INT4_MAX_ROWS = 4
+# Past this many rows with no dense copy (a long prompt chunk), each layer is dequantized for its own matmul: SmolLM2's
+# 300-token prompt took 533 ms through the int4 kernel and 250 so, 1,000 tokens 1,790 and 515 (2-core Xeon with AMX;
+# even at ~100 tokens there). Without AMX a bfloat16 matmul is slower, so the bound keeps a margin.
+DEQUANTIZE_ROWS = 192
 
 
 class Int4Linear(nn.Module):
@@ -56,6 +61,8 @@ class Int4Linear(nn.Module):
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the packed step is 2-D: no view to make
         if self.dense is not None and rows.shape[0] > INT4_MAX_ROWS:
             out = self.dense(rows)
+        elif rows.shape[0] > DEQUANTIZE_ROWS:  # a long prompt chunk: no memory held past this matmul
+            out = F.linear(rows, self.dequantized())
         else:
             out = self.int4_mm(rows)
         if rows is not x:
@@ -66,12 +73,13 @@ class Int4Linear(nn.Module):
     def int4_mm(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
 
-    def hold_dense_copy(self) -> int:
-        """Keep the weight dequantized beside the int4 one (the kernel's own values, rounded once to the
-        activations' dtype), for steps of many rows; returns the bytes it takes."""
-        return self._hold(int4_dequantize(self, self.scales_and_zeros.dtype))
+    def dequantized(self) -> torch.Tensor:
+        """The kernel's own values, rounded once to the activations' dtype."""
+        return int4_dequantize(self, self.scales_and_zeros.dtype)
 
-    def _hold(self, weight: torch.Tensor) -> int:
+    def hold_dense_copy(self) -> int:
+        """Keep the weight dequantized beside the int4 one, for steps of many rows; returns the bytes it takes."""
+        weight = self.dequantized()
         self.dense = PackedLinear(weight, None, copy=True) if can_pack(weight.device, weight.dtype) else _Dense(weight)
         return weight.nbytes
 
@@ -96,10 +104,10 @@ class Q8Linear(Int4Linear):
     def int4_mm(self, rows: torch.Tensor) -> torch.Tensor:
         return super().int4_mm(torch.cat([rows, rows], dim=1))
 
-    def hold_dense_copy(self) -> int:
+    def dequantized(self) -> torch.Tensor:
         """The kernel's weight is d (rounded to the activations' dtype, as its scales are) times q, exactly."""
         dtype = self.scales_and_zeros.dtype
-        return self._hold(Int8Weight(self.w.q, self.w.d.to(dtype).float()).dequantize().to(dtype))
+        return Int8Weight(self.w.q, self.w.d.to(dtype).float()).dequantize().to(dtype)
 
 
 class _Dense(nn.Module):
@@ -161,7 +169,7 @@ def resolve_quantization(quantization: str | None, gguf_file: str | None, device
         return "gguf", "the default on a CPU in bfloat16; quantization='none' dequantizes it"
     if quantization in (None, "none"):
         how = "asked for" if quantization == "none" else "the default in this dtype on this device"
-        return "none", f"dequantized ({how}; quantization='gguf' runs it as stored)" if gguf_file else ""
+        return "none", f"{how}; quantization='gguf' runs it as stored" if gguf_file else ""
     return quantization, "asked for"
 
 

@@ -19,7 +19,7 @@ from nano_infer.config import EngineConfig
 from nano_infer.engine import dense_copies
 from nano_infer.models.quant_formats import UNPACK, Int4Weight, RowInt8Weight
 from nano_infer.models import quantization
-from nano_infer.models.quantization import (INT4_MAX_ROWS, Int4Linear, Int8Linear, Q8Linear, QuantEmbedding,
+from nano_infer.models.quantization import (DEQUANTIZE_ROWS, INT4_MAX_ROWS, Int4Linear, Int8Linear, Q8Linear, QuantEmbedding,
                                             int4_dequantize, int4_identity_dequantize, quantized_linear,
                                             resolve_quantization)
 from tests.helpers.checkpoints import GGUF, transformers_gguf
@@ -252,7 +252,7 @@ def test_a_gguf_file_runs_as_stored_by_default_and_ranks_the_same_first_tokens()
     top = {stored.tokenizer.decode([t]) for t, lp in out[0].outputs[0].logprobs[0].items() if lp.rank <= 2}
     assert top == {"The", "L"}
     dequantized = LLM(str(GGUF), dtype="bfloat16", max_model_len=256, quantization="none")
-    assert "dequantized (asked for; quantization='gguf' runs it as stored)" in dequantized.engine.startup_line
+    assert "weights dequantized to bfloat16 (asked for; quantization='gguf' runs it as stored)" in dequantized.engine.startup_line
     assert not isinstance(dequantized.engine.model.embed_tokens, QuantEmbedding)
 
 
@@ -297,6 +297,23 @@ def test_a_build_that_packs_int4_otherwise_gets_its_dense_copy_through_the_kerne
         assert torch.equal(int4_dequantize(layer, torch.bfloat16), int4_identity_dequantize(layer, torch.bfloat16))
     finally:
         quantization._int4_layout_known.cache_clear()
+
+
+@pytest.mark.parametrize("form", ["Q4_1", "Q8_0"])
+def test_a_long_prompt_chunk_without_a_dense_copy_dequantizes_each_layer_for_its_own_matmul(form):
+    torch.manual_seed(0)
+    w, bias = torch.randn(96, 128) * 0.05, torch.randn(96)
+    layer = Int4Linear(Int4Weight.quantize(w), bias, torch.bfloat16) if form == "Q4_1" else \
+        Q8Linear(UNPACK["Q8_0"](quantize(w.numpy(), GGMLQuantizationType.Q8_0)), bias, torch.bfloat16)
+    at_most, past = torch.randn(DEQUANTIZE_ROWS, 128).bfloat16(), torch.randn(DEQUANTIZE_ROWS + 1, 128).bfloat16()
+    assert torch.equal(layer(at_most), layer.int4_mm(at_most) + layer.bias)  # up to the bound: the int4 kernel
+    out = layer(past)
+    assert torch.equal(out, F.linear(past, layer.dequantized()) + layer.bias)  # past it: the dequantized matmul
+    assert not torch.equal(out, layer.int4_mm(past) + layer.bias)
+    assert layer.dense is None  # and nothing kept
+    exact = int4_identity_dequantize(layer)  # the kernel's own weight in float32, both halves side by side for Q8_0
+    kernel_weight = exact if form == "Q4_1" else exact[:, :128] + exact[:, 128:]
+    assert torch.equal(layer.dequantized(), kernel_weight.bfloat16())
 
 
 def test_a_long_prompt_gives_the_int4_layers_dense_copies_and_a_short_one_does_not(monkeypatch):
