@@ -57,11 +57,16 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features = k, n
         self.dense = None  # the weight dequantized, for steps of more than INT4_MAX_ROWS rows (`hold_dense_copy`)
 
+    @property
+    def dequantize_rows(self) -> int:
+        """In float32 the kernel is a scalar loop: a step of more than INT4_MAX_ROWS rows is dequantized already."""
+        return DEQUANTIZE_ROWS if self.scales_and_zeros.dtype == torch.bfloat16 else INT4_MAX_ROWS
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the packed step is 2-D: no view to make
         if self.dense is not None and rows.shape[0] > INT4_MAX_ROWS:
             out = self.dense(rows)
-        elif rows.shape[0] > DEQUANTIZE_ROWS:  # a long prompt chunk: no memory held past this matmul
+        elif rows.shape[0] > self.dequantize_rows:  # a long prompt chunk: no memory held past this matmul
             out = F.linear(rows, self.dequantized())
         else:
             out = self.int4_mm(rows)

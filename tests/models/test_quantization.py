@@ -316,6 +316,15 @@ def test_a_long_prompt_chunk_without_a_dense_copy_dequantizes_each_layer_for_its
     assert torch.equal(layer.dequantized(), kernel_weight.bfloat16())
 
 
+def test_in_float32_where_the_kernel_is_a_scalar_loop_a_step_of_many_rows_is_dequantized():
+    torch.manual_seed(0)
+    layer = Int4Linear(Int4Weight.quantize(torch.randn(96, 128) * 0.05), None, torch.float32)
+    few, many = torch.randn(INT4_MAX_ROWS, 128), torch.randn(INT4_MAX_ROWS + 1, 128)
+    assert torch.equal(layer(few), layer.int4_mm(few))
+    assert torch.equal(layer(many), F.linear(many, layer.dequantized())) and layer.dense is None
+    assert torch.equal(layer.dequantized(), int4_identity_dequantize(layer))  # exact: float32 holds d and m + 8d
+
+
 def test_a_long_prompt_gives_the_int4_layers_dense_copies_and_a_short_one_does_not(monkeypatch):
     """A prompt chunk of more than LONG_PROMPT_ROWS tokens makes the copies (here the bound is lowered to the
     tiny model's scale); one of at most that many leaves the int4 kernel alone."""
