@@ -21,10 +21,11 @@ import torch
 from torch import nn
 
 from ..models.packed import PackedLinear
+from ..models.quant_formats import Int4Weight, Int8Weight
 from ..models.quantization import Int4Linear, Int8Linear
 from .presets import model_folder
 from .quiet_profile import profiled
-from .roofline import decode_throughput
+from .roofline import decode_throughput, matmul_params
 from .timing import sync
 
 
@@ -66,10 +67,22 @@ def matmul_weight_bytes(model) -> int:
     return held
 
 
+def model_bytes(model) -> int:
+    """Bytes the model holds: its parameters, its buffers (int4 nibbles with their scales, dense copies, the
+    rotary tables) and the blocks a layer keeps as stored (a GGUF embedding, a Q8_0 head's), each tensor once
+    (a tied head's blocks are the embedding's)."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    for module in model.modules():
+        for held in vars(module).values():
+            if isinstance(held, (Int4Weight, Int8Weight)):
+                tensors.update((id(t), t) for t in vars(held).values() if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def memory_split(engine) -> dict:
-    """Bytes of weights and of the KV pool; on a GPU also what the caching allocator has handed out
-    (allocated) and holds from the driver (reserved), so the pool's share of the card shows."""
-    split = dict(weights=sum(t.numel() * t.element_size() for t in engine.model.parameters()),
+    """Bytes of weights (`model_bytes`) and of the KV pool; on a GPU also what the caching allocator has handed
+    out (allocated) and holds from the driver (reserved), so the pool's share of the card shows."""
+    split = dict(weights=model_bytes(engine.model),
                  kv_pool=engine.kv_pool.tensor.numel() * engine.kv_pool.tensor.element_size())
     if engine.device.type == "cuda":
         split.update(allocated=torch.cuda.memory_allocated(engine.device), reserved=torch.cuda.memory_reserved(engine.device),
@@ -128,11 +141,11 @@ def main(argv=None) -> dict:
     engine = LLMEngine(folder, dtype=args.dtype, max_num_seqs=max(args.seqs + [args.profile or 1]),
                        enforce_eager=args.enforce_eager)
     bandwidth = copy_bandwidth(engine.device)
-    params = sum(t.numel() for t in engine.model.parameters())
+    params = matmul_params(engine.hf_config)  # the config's count: an int4 layer holds buffers, not parameters
     memory = memory_split(engine)
     sizes = ", ".join(f"{name} {n / 2**30:.2f} GiB" if n >= 2**30 else f"{name} {n / 2**20:.1f} MiB"
                       for name, n in memory.items())
-    print(f"{args.model}: {params / 1e6:.0f}M params in {str(engine.dtype).removeprefix('torch.')} on {engine.device}; "
+    print(f"{args.model}: {params / 1e6:.0f}M matmul params in {str(engine.dtype).removeprefix('torch.')} on {engine.device}; "
           f"copy bandwidth measured now: {bandwidth / 1e9:.0f} GB/s (read + write)\nmemory: {sizes}", flush=True)
     report = dict(model=args.model, dtype=str(engine.dtype), device=str(engine.device), params=params, memory=memory,
                   bandwidth_bytes_per_s=bandwidth, rows=measure(engine, args.seqs, args.context, args.steps, bandwidth))
