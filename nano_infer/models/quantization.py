@@ -59,7 +59,7 @@ class Int4Linear(nn.Module):
 
     @property
     def dequantize_rows(self) -> int:
-        """In float32 the kernel is a scalar loop: a step of more than INT4_MAX_ROWS rows is dequantized already."""
+        """In float32 the kernel is a scalar loop, so there any step of more than INT4_MAX_ROWS rows runs dequantized."""
         return DEQUANTIZE_ROWS if self.scales_and_zeros.dtype == torch.bfloat16 else INT4_MAX_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -267,8 +267,9 @@ def _int4_layout_known() -> bool:
 
 
 def int4_dequantize(layer: Int4Linear, dtype: torch.dtype) -> torch.Tensor:
-    """`int4_identity_dequantize`'s values, bit for bit, ~10x faster: (q - 8) * scale + zero in float32 (q - 8
-    times a scale rounded to the activations' dtype is exact, so the one rounding is the kernel's own)."""
+    """`int4_identity_dequantize`'s values, bit for bit, ~10x faster: (q - 8) * scale + zero in float32. With
+    bfloat16 scales q - 8 times one is exact, so the one rounding is the kernel's own; with float32 ones the
+    products round as the kernel's do (the tests compare both routes)."""
     n, k = layer.packed.shape[0], 2 * layer.packed.shape[1]
     if not _int4_layout_known():
         return int4_identity_dequantize(layer, dtype).contiguous()
