@@ -56,11 +56,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.to(dtype), persistent=False)
         self.in_features, self.out_features = k, n
         self.dense = None  # the weight dequantized, for steps of more than INT4_MAX_ROWS rows (`hold_dense_copy`)
-
-    @property
-    def dequantize_rows(self) -> int:
-        """In float32 the kernel is a scalar loop, so there any step of more than INT4_MAX_ROWS rows runs dequantized."""
-        return DEQUANTIZE_ROWS if self.scales_and_zeros.dtype == torch.bfloat16 else INT4_MAX_ROWS
+        # past this many rows without it, the layer dequantizes for the one matmul; in float32, where the kernel is
+        # a scalar loop, past INT4_MAX_ROWS
+        self.dequantize_rows = DEQUANTIZE_ROWS if dtype == torch.bfloat16 else INT4_MAX_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the packed step is 2-D: no view to make
