@@ -13,8 +13,9 @@ if not _logger.handlers:
     _logger.setLevel(logging.INFO)
     _logger.propagate = False
 
+from . import beam, spec  # noqa: F401 - their features register with the engine when imported
 from .serving.async_llm import AsyncLLM
-from .beam import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
+from .beam.params import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from .config import EngineConfig
 from .engine.llm_engine import LLMEngine
 from .llm import LLM

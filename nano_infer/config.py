@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from .spec.config import SpeculativeConfig
+from .constrained.limits import ConstraintLimits
 
 KV_CACHES = ("none", "contiguous", "paged")
 PREFIX_CACHES = ("auto", None, "hash", "radix")
@@ -54,7 +54,7 @@ class EngineConfig:
     distributed_backend: str | None = None  # default: "nccl" on CUDA, "gloo" on CPU
     distributed_timeout: float = 300.0  # seconds a step (or start-up) waits for a rank before it fails
     speculative_config: dict | None = None  # {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}
-    constraint_limits: object = None  # constrained.ConstraintLimits; None: its defaults
+    constraint_limits: ConstraintLimits | None = None  # None: its defaults
     # stage 12: GiB of host memory for a second KV tier (vLLM's knob; summed over tensor-parallel ranks); 0: off
     kv_offloading_size: float = 0
     kv_offloading_backend: str = "native"  # vLLM's knob: "native" is the only one here
@@ -154,8 +154,6 @@ class EngineConfig:
 
     def check_model(self, hf_config, gguf_file: str | None) -> int:
         """The checks that need the model's shapes (config.json, read before the weights); returns max_model_len."""
-        from .distributed import check_tp_sizes
-
         check_tp_sizes(hf_config, self.tensor_parallel_size)
         if self.tensor_parallel_size > 1 and gguf_file:
             raise ValueError("a GGUF checkpoint with tensor_parallel_size > 1 is not supported; use the safetensors one")
@@ -176,3 +174,68 @@ def _one_of(name: str, value, choices: tuple) -> None:
     if value not in choices:
         listed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name}={value!r} is invalid: use one of {listed}")
+
+
+def check_tp_sizes(config, world_size: int) -> None:
+    """ValueError naming the constraint when the model cannot be cut into `world_size` equal shards."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"tensor_parallel_size={world_size!r} must be an integer >= 1")
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if heads % world_size:
+        raise ValueError(f"tensor_parallel_size={world_size} must divide num_attention_heads={heads} "
+                         f"(every rank holds the same number of query heads)")
+    if kv_heads % world_size and world_size % kv_heads:
+        raise ValueError(f"tensor_parallel_size={world_size} and num_key_value_heads={kv_heads}: one must divide "
+                         f"the other (KV heads are split when tp divides them, replicated when they divide tp)")
+    if config.intermediate_size % world_size:
+        raise ValueError(f"tensor_parallel_size={world_size} must divide intermediate_size={config.intermediate_size}")
+
+
+# -- speculative_config: vLLM's dict, parsed and checked before anything is loaded ----------------------------
+#     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+#     {"method": "draft_model", "model": "path/or/hub-id", "num_speculative_tokens": 4}
+# A bad field raises ValueError naming the field and why. Whether a draft model fits the target (same
+# vocabulary and tokenizer) is checked when it is loaded (spec/draft.py, `check_compatible`).
+SPEC_METHODS = ("ngram", "draft_model")
+SPEC_KEYS = {"ngram": {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"},
+        "draft_model": {"method", "num_speculative_tokens", "model"}}
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+    model: str | None = None
+
+    @classmethod
+    def parse(cls, config: dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
+        if config is None or isinstance(config, SpeculativeConfig):
+            return config
+        if not isinstance(config, dict):
+            raise ValueError(f"speculative_config must be a dict, got {type(config).__name__}")
+        method = config.get("method")
+        if method is None and config.get("model") is not None:
+            method = "draft_model"
+        if method not in SPEC_METHODS:
+            raise ValueError(f"speculative_config method={method!r} is unknown: use one of {list(SPEC_METHODS)}")
+        unknown = set(config) - SPEC_KEYS[method]
+        if unknown:
+            raise ValueError(f"speculative_config has field(s) {sorted(unknown)} that method {method!r} "
+                             f"does not take; it takes {sorted(SPEC_KEYS[method])}")
+        k = config.get("num_speculative_tokens")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"speculative_config num_speculative_tokens={k!r} must be an integer >= 1")
+        if method == "draft_model":
+            model = config.get("model")
+            if not isinstance(model, str) or not model:
+                raise ValueError("speculative_config method 'draft_model' needs model: a folder or hub id of the draft")
+            return cls(method, k, model=model)
+        hi, lo = config.get("prompt_lookup_max", 4), config.get("prompt_lookup_min", 1)
+        for name, v in (("prompt_lookup_max", hi), ("prompt_lookup_min", lo)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"speculative_config {name}={v!r} must be an integer >= 1")
+        if lo > hi:
+            raise ValueError(f"speculative_config prompt_lookup_min={lo} is larger than prompt_lookup_max={hi}")
+        return cls(method, k, prompt_lookup_max=hi, prompt_lookup_min=lo)

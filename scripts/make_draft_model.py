@@ -84,7 +84,7 @@ Reproduce (needs the target built first; `make tiny-draft`):
 | this draft | {a["greedy_agreement"]:.3f} | {a["sampled_acceptance"]:.3f} | {a["kl"]:.3f} |
 
 These are per-token rates on teacher-forced text; the rate the engine reports on its own
-outputs (`engine.spec.stats.acceptance_rate`), and the speed-up it buys, are measured in
+outputs (`engine.plugin(SpeculativeDecoder).stats.acceptance_rate`), and the speed-up it buys, are measured in
 notebook 09 and by `python -m nano_infer.bench.spec`. `eval.json` has the numbers above.
 """
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.sequence import Sequence
 from .params import BeamSearchParams
 
 
@@ -35,7 +36,7 @@ def length_penalised(cum_logprobs: list[float], num_tokens: int, length_penalty:
 
 @dataclass(eq=False)
 class Beam:
-    seq: object  # what the caller tracks the beam by, with its `output_token_ids` (the engine: its Sequence)
+    seq: Sequence  # the engine's sequence of this beam
     cum_logprob: float = 0.0  # a float32 value
     token: int | None = None  # the token this beam was extended by in the last round
 
@@ -65,11 +66,11 @@ class BeamState:
     finished: list[Hypothesis] = field(default_factory=list)  # best first, at most k
     num_generated: int = 0  # rounds done: every live beam has this many output tokens
     done: bool = False
-    offers: dict = field(default_factory=dict)  # seq -> (top logprobs, their token ids), this round
+    offers: dict[Sequence, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # this round's: (top logprobs, their ids)
     num_preemptions: int = 0  # of beams pruned so far (the request reports all of them)
 
     @classmethod
-    def start(cls, params: BeamSearchParams, seq, eos_token_ids, max_new_tokens: int) -> BeamState:
+    def start(cls, params: BeamSearchParams, seq: Sequence, eos_token_ids: set[int], max_new_tokens: int) -> BeamState:
         eos = frozenset() if params.ignore_eos else frozenset(eos_token_ids)
         return cls(params, eos, max_new_tokens, beams=[Beam(seq)])
 
@@ -81,7 +82,7 @@ class BeamState:
     def num_candidates(self) -> int:
         return num_candidates(self.width, len(self.eos_token_ids))
 
-    def offer(self, seq, logprobs: torch.Tensor, token_ids: torch.Tensor) -> None:
+    def offer(self, seq: Sequence, logprobs: torch.Tensor, token_ids: torch.Tensor) -> None:
         """A beam's best next tokens (at least `num_candidates`, best first) and their log-probabilities."""
         self.offers[seq] = (logprobs, token_ids)
 

@@ -22,9 +22,9 @@ from ..models.attention import AttentionBackend
 from ..kv import KVPool
 from ..engine.model_runner import ModelRunner
 from ..sampling_params import SamplingParams
-from ..engine.scheduler import ScheduledSeq
-from ..engine.sequence import Sequence
-from ..utils import cdiv
+from ..core.batch import ScheduledSeq
+from ..core.sequence import Sequence
+from ..core.utils import cdiv
 from .timing import interleaved
 
 

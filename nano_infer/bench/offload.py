@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..kv.host_tier import HostTierStats
 from ..sampling_params import SamplingParams
-from ..utils import cdiv
+from ..core.utils import cdiv
 from .prefix import chat_prompt, questions, run_one, system_prompt
 from .timing import Timings, interleaved, one_thread, verdict
 from .workload import ordinary_token_ids

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..models.loader import TINY_MODEL_DIR
 from ..sampling_params import SamplingParams
+from ..spec import SpeculativeDecoder
 from .timing import verdict
 
 DRAFT_DIR = TINY_MODEL_DIR.parent / "tiny_draft"
@@ -87,9 +88,9 @@ def quote_prompts(n: int) -> list[list[dict]]:
 def run_once(llm, prompt_ids: list[list[int]], params: SamplingParams, batch: int):
     """Generate for every prompt, `batch` requests at a time. Returns (seconds, outputs, spec stats)."""
     engine = llm.engine
-    before = None
-    if engine.spec is not None:
-        s = engine.spec.stats
+    before, decoder = None, engine.plugin(SpeculativeDecoder)
+    if decoder is not None:
+        s = decoder.stats
         before = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, s.num_emitted_tokens)
     t0 = time.perf_counter()
     outs = []
@@ -100,7 +101,7 @@ def run_once(llm, prompt_ids: list[list[int]], params: SamplingParams, batch: in
         engine.kv.clear()
     stats = None
     if before is not None:
-        s = engine.spec.stats
+        s = decoder.stats
         drafts, proposed, accepted, emitted = (a - b for a, b in zip(
             (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, s.num_emitted_tokens), before))
         stats = {"verifies": drafts, "proposed": proposed, "accepted": accepted, "emitted": emitted,

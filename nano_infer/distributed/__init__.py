@@ -6,7 +6,8 @@ runs the LLM and every other rank calls `run_worker()` (`nano-infer serve` does 
 from .driver import driver_shard, start_workers
 from .executor import TPExecutor
 from .launch import torchrun_launch
-from .shard import TPShard, check_tp_sizes
+from ..config import check_tp_sizes
+from .shard import TPShard
 from .worker import WorkerConfig, run_worker
 
 __all__ = ["TPExecutor", "TPShard", "WorkerConfig", "check_tp_sizes", "driver_shard", "run_worker", "start_workers",

@@ -25,22 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..utils import cdiv
-
-
-def check_tp_sizes(config, world_size: int) -> None:
-    """ValueError naming the constraint when the model cannot be cut into `world_size` equal shards."""
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"tensor_parallel_size={world_size!r} must be an integer >= 1")
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    if heads % world_size:
-        raise ValueError(f"tensor_parallel_size={world_size} must divide num_attention_heads={heads} "
-                         f"(every rank holds the same number of query heads)")
-    if kv_heads % world_size and world_size % kv_heads:
-        raise ValueError(f"tensor_parallel_size={world_size} and num_key_value_heads={kv_heads}: one must divide "
-                         f"the other (KV heads are split when tp divides them, replicated when they divide tp)")
-    if config.intermediate_size % world_size:
-        raise ValueError(f"tensor_parallel_size={world_size} must divide intermediate_size={config.intermediate_size}")
+from ..core.utils import cdiv
 
 
 @dataclass
@@ -50,7 +35,7 @@ class TPShard:
 
     rank: int
     world_size: int
-    group: object = None
+    group: dist.ProcessGroup | None = None
 
     # -- what this rank holds ----------------------------------------------------------------------
     def q_heads(self, config) -> tuple[int, int]:

@@ -5,6 +5,10 @@ The worker has no scheduler, no sampler and no tokenizer. It waits for the drive
 same `ModelRunner.execute` as the driver on it, joining the forward's all-reduces and the
 logits gather, and waits again, until the driver sends None.
 
+What the worker runs the steps on comes in the `WorkerConfig`: `build_runner`, a function the driver
+names (the engine's `worker_runner`, engine/tp_worker.py), unpickled here by its module and name. So
+this package starts processes and moves messages, and knows nothing of the engine above it.
+
 Local workers are spawned by the driver (`TPExecutor`); under torchrun every rank other than 0
 calls `run_worker()`.
 """
@@ -16,20 +20,31 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
-from ..kv.offload import BlockSwap
+from ..core.batch import BlockSwap, StepInput
 from .launch import Launch, broadcast_message, default_backend, init_groups, torchrun_launch
 from .shard import TPShard
+
+
+class StepExecutor(Protocol):
+    """What a worker runs the driver's messages on (the engine's ModelRunner)."""
+
+    def execute(self, step: StepInput) -> None: ...
+    def apply_swap(self, moves: BlockSwap) -> None: ...
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     """What a worker needs to build its shard; sent by the driver once the group is up."""
 
+    # builds the worker's runner on its shard: (this config, the shard, the device) -> the runner
+    build_runner: Callable[[WorkerConfig, TPShard, torch.device], StepExecutor]
     model: str  # a local folder or a hub id, resolved on the worker's machine
     dtype: torch.dtype
     device_type: str  # "cpu" or "cuda" (a worker uses cuda:LOCAL_RANK)
@@ -77,33 +92,16 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def serve(launch: Launch, backend: str, timeout_s: float) -> None:
-    from ..engine.cpu_allocator import keep_freed_memory
-    from ..kv import KVPool
-    from ..engine.model_runner import ModelRunner
-    from ..models.loader import load_config, load_model, resolve_model_dir
-
     messages, steps = init_groups(launch, backend, timeout_s)
     try:
         cfg: WorkerConfig = broadcast_message(None, messages)
+        device = torch.device("cpu")
         if cfg.device_type == "cuda":
             device = torch.device("cuda", launch.local_rank)
             torch.cuda.set_device(device)
-        else:
-            device = torch.device("cpu")
-            keep_freed_memory()
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        model_dir = resolve_model_dir(cfg.model)
-        config = load_config(model_dir)
-        model = load_model(model_dir, config, device, cfg.dtype, cfg.max_model_len,
-                           TPShard(launch.rank, launch.world_size, steps))
-        pool = None
-        if cfg.num_blocks is not None:
-            pool = KVPool(config.num_hidden_layers, cfg.num_blocks, cfg.block_size, model.num_kv_heads,
-                          model.head_dim, cfg.dtype, device)
-        runner = ModelRunner(model, pool, cfg.attention, cfg.block_size, device)
-        if cfg.num_host_blocks:
-            runner.attach_host_tier(cfg.num_host_blocks)
+        runner = cfg.build_runner(cfg, TPShard(launch.rank, launch.world_size, steps), device)
         dist.barrier()  # ready: the driver's start-up waits for every rank here
         while (step := broadcast_message(None, messages)) is not None:
             (runner.apply_swap if isinstance(step, BlockSwap) else runner.execute)(step)

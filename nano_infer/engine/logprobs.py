@@ -57,12 +57,12 @@ def decode_entries(entries: list[dict[int, Logprob] | None], token_texts: list[s
 
 
 def score_prompts(logits: torch.Tensor, scored: list[tuple], token_texts: list[str]) -> None:
-    """Append to each `seq.prompt_logprobs` the entries of the prompt tokens its rows score.
+    """Append to each `seq.sampling.prompt_logprobs` the entries of the prompt tokens its rows score.
     `scored` is [(ScheduledSeq, its first logit row, its number of prompt rows)]."""
     rows, targets, ks = [], [], []
     for entry, row, count in scored:
         seq = entry.seq
-        first = len(seq.prompt_logprobs)  # the next token to score; its row is at position first - 1
+        first = len(seq.sampling.prompt_logprobs)  # the next token to score; its row is at position first - 1
         assert entry.start <= first - 1, "the row of a prompt token to score was not computed"
         rows += range(row, row + count)
         targets += seq.token_ids[first : first + count]
@@ -74,5 +74,5 @@ def score_prompts(logits: torch.Tensor, scored: list[tuple], token_texts: list[s
     decode_entries(entries, token_texts)
     at = 0
     for entry, _, count in scored:
-        entry.seq.prompt_logprobs += entries[at : at + count]
+        entry.seq.sampling.prompt_logprobs += entries[at : at + count]
         at += count

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .plugin import EnginePlugin, Phase, StepContext
+from ..core.plugin import EnginePlugin, Phase, StepContext
 
 
 @dataclass

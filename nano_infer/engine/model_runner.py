@@ -21,35 +21,20 @@ they are for.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 
 from ..models.attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend
 from ..kv.block_manager import slot_mapping
-from ..kv.offload import BlockSwap, HostKVPool
+from ..core.batch import BlockSwap, ScheduledSeq, StepInput
+from ..kv.offload import HostKVPool
 from .cuda_graph import DecodeGraphs
-from .scheduler import ScheduledSeq
 
 # Decodes per attention call on CPU. Each call pads to its own longest context, so sorting by length
 # and cutting into batches copies less padding; past ~32 rows a bigger call saves little per-call
 # overhead (measured: 8 -> 32 rows was +3-7% per workload). On a GPU one call for all decodes is
 # cheaper than several kernel launches.
 CPU_DECODE_BATCH = 32
-
-
-@dataclass
-class StepInput:
-    """One packed step as plain lists: small to pickle, the same on every tensor-parallel rank."""
-
-    input_ids: list[int]
-    positions: list[int]
-    slot_mapping: list[int] | None  # None without a KV cache
-    prefills: list[tuple[int, int, int, list[int] | None]]  # (q_start, q_len, context_len, block_table)
-    # (first row, block tables padded, context lens, query tokens per sequence: 1, or 1 + proposals for a verify)
-    decodes: list[tuple[int, list[list[int]], list[int], int]]
-    sample_rows: list[int]  # rows whose logits are returned, in scheduled order (ScheduledSeq.num_logit_rows each)
-    moves: BlockSwap | None = None  # the step's block copies no plug-in ran earlier, before the forward pass
 
 
 class ModelRunner:

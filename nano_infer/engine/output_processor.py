@@ -9,25 +9,38 @@ off the first right here, once its prompt is computed, so they all draw from the
 Each token then goes through the same path: logprobs, constraint, detokenizer, stop checks.
 Anything that raises while handling one request ends that request alone (`RequestOutput.error`);
 the step goes on for the others.
+
+It is also what a plug-in changes the step's sequences through (`core.plugin.Sequences`): append a
+token, fork or finish a sequence, roll its KV back. It reads the engine's table of requests and
+never writes it: the engine adds and removes requests.
 """
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
-from .logprobs import decode_entries, logprob_entries, score_prompts
+from ..core.batch import SchedulerOutput
+from ..core.plugin import EnginePlugin, StepContext
+from ..core.request import Request
+from ..core.sequence import Sequence
 from ..outputs import CompletionOutput, Logprob, RequestOutput
-from .request import Request
+from .logprobs import decode_entries, logprob_entries, score_prompts
 from .sampling import sample
-from .sequence import Sequence
+from .scheduler import Scheduler
+from .sequences import new_sequence
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class OutputProcessor:
-    def __init__(self, requests: dict[str, Request], scheduler, tokenizer, eos_token_ids: set[int],
-                 max_model_len: int, device):
-        self.requests = requests  # the engine's table of live requests, shared
+    def __init__(self, requests: Mapping[str, Request], scheduler: Scheduler, tokenizer: PreTrainedTokenizerBase,
+                 eos_token_ids: set[int], max_model_len: int, device: torch.device):
+        self.requests = requests  # the engine's table of live requests, read-only here
         self.scheduler = scheduler
         self.tier = scheduler.kv.tier  # the host tier (chapter 12; a stand-in without one) reports what requests moved
         self.tokenizer = tokenizer
@@ -38,11 +51,12 @@ class OutputProcessor:
         self.touched: dict[str, Request] = {}  # requests that got tokens (or failed) this step
 
     # -- one step ---------------------------------------------------------------------------------
-    def process(self, batch, logits: torch.Tensor, plugins) -> None:
+    def process(self, step: StepContext, logits: torch.Tensor, plugins: list[EnginePlugin]) -> None:
         """Score prompt rows, hand each entry's sample rows to the plug-in that claims them, sample the rest."""
         self.touched = {}
+        self._first_scheduled(step.batch, step.start)
         samplers, rows, claimed, scored, row = [], [], {}, [], 0
-        for entry in batch.scheduled:
+        for entry in step.batch.scheduled:
             prompt_rows, sample_row = entry.num_prompt_logit_rows, row + entry.num_prompt_logit_rows
             if prompt_rows:
                 scored.append((entry, row, prompt_rows))
@@ -63,10 +77,19 @@ class OutputProcessor:
         for plugin, items in claimed.items():
             plugin.process(items, logits, self)
 
+    def _first_scheduled(self, batch: SchedulerOutput, start: float) -> None:
+        """A request's first step: when it ran, and how much of the prompt the caches served (the first
+        sequence starts past it: `KVManager.acquire`)."""
+        for entry in batch.scheduled:
+            m = self.requests[entry.seq.request_id].metrics
+            if m.first_scheduled_time is None:
+                m.first_scheduled_time = start
+                m.num_cached_tokens = min(entry.start, entry.seq.num_prompt_tokens)
+
     def _sample(self, logits: torch.Tensor, samplers: list[Sequence], rows: list[int]) -> None:
         for i, seq in enumerate(list(samplers)):
             if seq.num_pending_forks:
-                children = self.fork(self.requests[seq.request_id], seq)
+                children = self._fork_samples(self.requests[seq.request_id], seq)
                 samplers += children
                 rows += [rows[i]] * len(children)
         sample_logits = logits if rows == list(range(len(logits))) else logits[rows]  # no copy in the usual case
@@ -82,9 +105,10 @@ class OutputProcessor:
             try:
                 if isinstance(token, Exception):
                     raise token
-                if seq.logprobs is not None:
-                    seq.logprobs.append(logprobs[i])
-                    seq.cumulative_logprob = (seq.cumulative_logprob or 0.0) + logprobs[i][token].logprob
+                state = seq.sampling
+                if state.logprobs is not None:
+                    state.logprobs.append(logprobs[i])
+                    state.cumulative_logprob = (state.cumulative_logprob or 0.0) + logprobs[i][token].logprob
                 self.append_token(seq, token, now)
             except Exception as e:  # noqa: BLE001 - this request fails; the step goes on for the others
                 self.fail(req, e)
@@ -94,7 +118,7 @@ class OutputProcessor:
         """Each token id's own text, for Logprob.decoded_token: decoded once, when logprobs are first asked for."""
         return self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
 
-    def isolated(self, seq: Sequence, fn, *args) -> None:
+    def isolated(self, seq: Sequence, fn: Callable[..., None], *args) -> None:
         """Run `fn(*args)` for one sequence's rows; if it raises, its request fails alone."""
         req = self.touched[seq.request_id] = self.requests[seq.request_id]
         if seq.is_finished:  # a sibling failed the request earlier in this step
@@ -112,16 +136,37 @@ class OutputProcessor:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
 
-    def fork(self, req: Request, parent: Sequence) -> list[Sequence]:
+    def _fork_samples(self, req: Request, parent: Sequence) -> list[Sequence]:
         """n > 1: the other samples share the prompt's blocks with the first (copy-on-write later)."""
         children = []
         for index in range(1, parent.num_pending_forks + 1):
-            child = req.new_sequence(index, self.device, self.tokenizer, parent)
+            child = new_sequence(req, index, self.device, self.tokenizer, parent)
             self.scheduler.fork(parent, child)
             children.append(child)
         req.seqs += children
         parent.num_pending_forks = 0
         return children
+
+    # -- what a plug-in may do to a sequence (core.plugin.Sequences) ------------------------------
+    def fork(self, seq: Sequence) -> Sequence:
+        child = new_sequence(self.requests[seq.request_id], seq.index, self.device, self.tokenizer, seq)
+        self.scheduler.fork(seq, child)
+        return child
+
+    def advance(self, seq: Sequence, num_computed_tokens: int) -> None:
+        self.scheduler.advance(seq, num_computed_tokens)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+
+    def record_tokens(self, req: Request, num_tokens: int, now: float) -> None:
+        self.num_generated_tokens += num_tokens
+        self._record_token_time(req, now)
+
+    def _record_token_time(self, req: Request, now: float) -> None:
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        req.metrics.token_times.append(now)
 
     # -- one token --------------------------------------------------------------------------------
     def append_token(self, seq: Sequence, token: int, now: float) -> None:
@@ -130,31 +175,30 @@ class OutputProcessor:
         seq.token_ids.append(token)
         self.num_generated_tokens += 1
         if seq.index == 0:
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-                req.metrics.num_cached_tokens = seq.num_cached_tokens
-            req.metrics.token_times.append(now)
-        if seq.constraint is not None:
-            seq.constraint.advance(token)
-        reason, stop_reason = self._stop_string(seq, token) if seq.detokenizer is not None else (None, None)
+            self._record_token_time(req, now)
+        state = seq.sampling
+        if state.constraint is not None:
+            state.constraint.advance(token)
+        reason, stop_reason = self._stop_string(seq, token) if state.detokenizer is not None else (None, None)
         if reason is None:
             reason, stop_reason = self._stop(seq, token)
         if reason is not None:
-            seq.stop_reason = stop_reason
-            if seq.detokenizer is not None and not isinstance(stop_reason, str):
-                seq.detokenizer.flush()
+            state.stop_reason = stop_reason
+            if state.detokenizer is not None and not isinstance(stop_reason, str):
+                state.detokenizer.flush()
             self.scheduler.finish(seq, reason)
 
     @staticmethod
     def _stop_string(seq: Sequence, token: int) -> tuple[str | None, str | None]:
         """Detokenize; a stop string is searched only where the new text could complete it: O(stop length) per
         token, and not before min_tokens (vLLM's rule)."""
-        delta = seq.detokenizer.add(token)
-        text, params = seq.detokenizer.text, seq.params
+        detokenizer = seq.sampling.detokenizer
+        delta = detokenizer.add(token)
+        text, params = detokenizer.text, seq.params
         for stop in params.stop if delta and seq.num_output_tokens >= params.min_tokens else ():
             at = text.find(stop, max(0, len(text) - len(delta) - len(stop) + 1))
             if at >= 0:
-                seq.detokenizer.text = text[: at + len(stop) if params.include_stop_str_in_output else at]
+                detokenizer.text = text[: at + len(stop) if params.include_stop_str_in_output else at]
                 return "stop", stop
         return None, None
 
@@ -164,7 +208,7 @@ class OutputProcessor:
             return "stop", token
         if not params.ignore_eos and token in self.eos_token_ids:
             return "stop", None
-        if seq.constraint is not None and seq.constraint.is_done:
+        if seq.sampling.constraint is not None and seq.sampling.constraint.is_done:
             return "stop", None
         if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
             return "length", None
@@ -173,34 +217,32 @@ class OutputProcessor:
         return None, None
 
     # -- outputs ----------------------------------------------------------------------------------
-    def step_outputs(self, start: float) -> list[RequestOutput]:
+    def step_outputs(self) -> list[RequestOutput]:
         """A RequestOutput for each request touched this step that finished, or that streams."""
         outputs, now = [], time.perf_counter()
         for req in self.touched.values():
-            if req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = start
             done = req.finished
-            if done or req.stream:
-                outputs.append(self.output(req))
             if done:
                 req.metrics.finished_time = now
-                del self.requests[req.request_id]
+            if done or req.stream:
+                outputs.append(self.output(req))
         return outputs
 
     def output(self, req: Request) -> RequestOutput:
-        outs = [CompletionOutput(s.index, self._text(s), list(s.output_token_ids), s.finish_reason, s.stop_reason,
-                                 None if s.logprobs is None else list(s.logprobs), s.cumulative_logprob)
+        outs = [CompletionOutput(s.index, self._text(s), list(s.output_token_ids), s.finish_reason,
+                                 s.sampling.stop_reason, None if s.sampling.logprobs is None else list(s.sampling.logprobs),
+                                 s.sampling.cumulative_logprob)
                 for s in sorted(req.seqs, key=lambda s: s.index)]
         m = req.metrics
         m.num_preemptions = sum(s.num_preemptions for s in req.seqs)
         self.tier.report(req.request_id, m, done=req.finished)
-        scores = req.seqs[0].prompt_logprobs  # the first sample scores the prompt
+        scores = req.seqs[0].sampling.prompt_logprobs  # the first sample scores the prompt
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished, req.metrics, req.error,
                              None if scores is None else list(scores))
 
     def _text(self, seq: Sequence) -> str:
-        if seq.detokenizer is not None:
-            return seq.detokenizer.text
+        if seq.sampling.detokenizer is not None:
+            return seq.sampling.detokenizer.text
         if seq.is_finished:
             return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
         return ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .logits_processors import apply_logits_rules, rows_of
-from .sequence import Sequence
+from ..core.sequence import Sequence
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -46,11 +46,11 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=()) -> list[int]:
     """logits [N, V] float32 for the N sequences that pick a token this step (left unchanged)."""
-    constrained = [i for i, seq in enumerate(seqs) if seq.constraint is not None]
+    constrained = [i for i, seq in enumerate(seqs) if seq.sampling.constraint is not None]
     if constrained:
         logits = logits.clone()
         for i in constrained:
-            logits[i] += seqs[i].constraint.mask()
+            logits[i] += seqs[i].sampling.constraint.mask()
     if any(seq.params.adjusts_logits for seq in seqs):
         logits = apply_logits_rules(logits, rows_of(seqs), eos_token_ids)
     greedy = [seq.params.greedy for seq in seqs]
@@ -66,7 +66,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=()) -> list
     probs = apply_top_k_top_p(apply_min_p(logits / temps.unsqueeze(1), min_p), top_k, top_p).softmax(dim=-1)
     noise = torch.empty_like(probs)
     for i, seq in enumerate(seqs):
-        noise[i].exponential_(generator=seq.generator)
+        noise[i].exponential_(generator=seq.sampling.generator)
     sampled = greedy_tokens(probs / noise)
     tokens = torch.where(torch.tensor(greedy, device=device), greedy_tokens(logits), sampled)
     return tokens.tolist()

@@ -22,8 +22,8 @@ With speculative decoding (`lookahead`), a decoding sequence asks for 1 + k toke
 token and k proposals verified in the same pass. They count against the budget and get KV
 slots like any other tokens; if the pool cannot hold them, the sequence decodes one token.
 
-Each scheduled sequence becomes one `ScheduledSeq`: what it computes this step, decided here
-once and read by the plug-ins, the model runner and the output processor after it.
+Each scheduled sequence becomes one `ScheduledSeq` (core/batch.py): what it computes this step, decided
+here once and read by the plug-ins, the model runner and the output processor after it.
 
 `policy="lpm"` orders the queue by longest prefix-cache match first (SGLang's default; up to
 LPM_MAX_QUEUE waiting requests); `"fcfs"` keeps arrival order. `mode="static"` is the
@@ -41,11 +41,11 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
-from .sequence import Sequence, SequenceStatus
-from ..kv.manager import NoKVCache
-from ..utils import cdiv
+from ..core.batch import ScheduledSeq, SchedulerOutput
+from ..core.sequence import Sequence, SequenceStatus
+from ..kv.manager import KVManager, NoKVCache
 
 # LPM matches every waiting request against the prefix cache at every step. Past this many waiting
 # requests the matching costs more than the order saves, and the queue is served first come first
@@ -60,87 +60,10 @@ def scored_rows_per_step(vocab_size: int) -> int:
     return max(1, SCORED_LOGITS_PER_STEP // vocab_size)
 
 
-@dataclass(eq=False)
-class ScheduledSeq:
-    """One sequence's work in a step: positions [start, start + num_tokens) get their K/V computed.
-
-    A decode computes its one new token; a prefill chunk computes part of the prompt; a verify
-    (speculative decoding) computes the last token plus `spec_token_ids`, the proposals, which a
-    plug-in fills into the `num_lookahead` slots the scheduler reserved. An entry samples only
-    when it reaches the end of what is known: one row, or one per proposal plus one. A request
-    that asks for prompt logprobs also gets the rows of the prompt positions it computes.
-    """
-
-    seq: Sequence
-    start: int
-    num_tokens: int
-    num_lookahead: int = 0  # KV slots reserved past the step for proposals
-    spec_token_ids: list[int] = field(default_factory=list)
-    # the draft model's distribution for each proposal when the request samples (none: a point mass)
-    spec_draft_probs: list = field(default_factory=list)
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_tokens
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The tokens fed this step: known tokens, then proposals."""
-        known = self.seq.token_ids + self.spec_token_ids if self.spec_token_ids else self.seq.token_ids
-        return known[self.start : self.end]
-
-    @property
-    def num_sample_rows(self) -> int:
-        """0 for a prefill chunk short of the prompt's end, else 1 + the proposals it verifies."""
-        if self.end < len(self.seq) + len(self.spec_token_ids):
-            return 0
-        return min(self.num_tokens, 1 + len(self.spec_token_ids))
-
-    @property
-    def num_prompt_logit_rows(self) -> int:
-        """Rows that score prompt tokens (SamplingParams.prompt_logprobs): position p's row is the
-        distribution of token p + 1, for the prompt tokens this step reaches that are not scored yet."""
-        scored = self.seq.prompt_logprobs
-        if scored is None:
-            return 0
-        return max(0, min(self.end, self.seq.num_prompt_tokens - 1) - max(self.start, len(scored) - 1))
-
-    @property
-    def num_logit_rows(self) -> int:
-        """Prompt rows, then sample rows: together the entry's last rows (the prompt rows run up to
-        the position that samples)."""
-        return self.num_prompt_logit_rows + self.num_sample_rows
-
-    @property
-    def is_decode(self) -> bool:
-        """One query token, or the last token and its proposals (a verify): batched as decodes."""
-        return self.num_tokens == 1 or self.num_tokens == 1 + len(self.spec_token_ids)
-
-    @property
-    def kind(self) -> str:
-        """ "decode" for the K/V of a generated token (and the proposals after it), else "prefill"."""
-        return "decode" if self.is_decode and self.start >= self.seq.num_prompt_tokens else "prefill"
-
-    def num_blocks(self, block_size: int) -> int:
-        """Blocks of the block table this step's attention reads."""
-        return cdiv(self.end, block_size)
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks, before the step
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(e.num_tokens + e.num_lookahead for e in self.scheduled)
-
-
 class Scheduler:
-    def __init__(self, kv=None, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: str = "fcfs", mode: str = "continuous", chunked_prefill: bool = True, lookahead=None,
-                 max_scored_rows: int = sys.maxsize):
+    def __init__(self, kv: KVManager | None = None, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: str = "fcfs", mode: str = "continuous", chunked_prefill: bool = True,
+                 lookahead: Callable[[Sequence], int] | None = None, max_scored_rows: int = sys.maxsize):
         self.kv = kv if kv is not None else NoKVCache()  # the KVManager; none: every step recomputes
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -171,7 +94,7 @@ class Scheduler:
     def _tokens_for(self, seq: Sequence, budget: int) -> int:
         """All its tokens, or with chunked prefill a chunk within the budget and, for a prompt being scored,
         within the rows the step has left to score (0 when none are: it waits for the next step)."""
-        n, scored = seq.num_uncomputed_tokens, seq.prompt_logprobs
+        n, scored = seq.num_uncomputed_tokens, seq.sampling.prompt_logprobs
         if not self.chunked_prefill:
             return n
         if scored is not None and len(scored) < seq.num_prompt_tokens:  # positions already scored need no rows
@@ -268,7 +191,6 @@ class Scheduler:
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child (n > 1, a beam) starts where the parent is, on its blocks, and queues beside it."""
         child.num_computed_tokens = parent.num_computed_tokens
-        child.num_cached_tokens = parent.num_cached_tokens
         self.kv.fork(parent, child)
         child.status = parent.status
         if parent.status is SequenceStatus.RUNNING:
@@ -296,5 +218,4 @@ class Scheduler:
             self.waiting.remove(seq)
         self.kv.finish(seq)
         seq.num_computed_tokens = 0
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
+        seq.status = SequenceStatus.finished(reason)

@@ -4,9 +4,9 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from ..kv.block_manager import BlockManager
-from ..engine.sequence import Sequence
+from ..core.sequence import Sequence
 from ..sampling_params import SamplingParams
-from ..utils import cdiv
+from ..core.utils import cdiv
 from .core import Mismatch, call, exercise, expect, forall
 
 

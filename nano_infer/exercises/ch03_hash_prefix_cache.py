@@ -7,7 +7,7 @@ from ..kv.block_manager import BlockManager
 from ..prefix.hash_cache import HashPrefixCache
 from ..prefix.hashing import block_keys
 from ..sampling_params import SamplingParams
-from ..engine.sequence import Sequence
+from ..core.sequence import Sequence
 from .core import call, exercise, expect, forall
 
 _tokens = st.lists(st.integers(0, 3), max_size=14)
@@ -22,7 +22,7 @@ def _hashes_by_engine(token_ids: list[int], block_size: int) -> list[int]:
     seq.num_computed_tokens = len(token_ids)
     manager.allocate(seq, 0)
     cache.cache_computed(seq)
-    return list(seq.block_hashes)
+    return list(cache.hashes.of(seq))
 
 
 @exercise

@@ -7,7 +7,7 @@ from ..kv.block_manager import BlockManager
 from ..kv.manager import KVManager
 from ..sampling_params import SamplingParams
 from ..engine.scheduler import Scheduler
-from ..engine.sequence import Sequence, SequenceStatus
+from ..core.sequence import Sequence, SequenceStatus
 from .core import call, exercise, expect, forall
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from ..utils import cdiv
+from ..core.utils import cdiv
 from .core import call, exercise, expect, forall
 
 

@@ -11,7 +11,7 @@ from ..beam import BeamSearchParams, BeamState
 from ..beam.search import Beam, length_penalised, num_candidates
 from ..kv import BlockManager
 from ..sampling_params import SamplingParams
-from ..engine.sequence import Sequence
+from ..core.sequence import Sequence
 from .core import call, exercise, expect, forall
 
 VOCAB = 12  # candidates per beam: at most 3 x 4

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.sequence import Sequence
-from ..utils import cdiv
+from ..core.sequence import Sequence
+from ..core.utils import cdiv
 from .block_pool import BlockPool
 
 

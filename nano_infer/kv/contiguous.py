@@ -8,7 +8,7 @@ change small: shrink the block, give each sequence a list of them.
 """
 from __future__ import annotations
 
-from ..engine.sequence import Sequence
+from ..core.sequence import Sequence
 from .block_pool import BlockPool
 
 

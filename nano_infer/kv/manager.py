@@ -14,7 +14,7 @@ no prefix cache): the scheduler does not know which one it drives.
 With a second tier (stage 12, `kv_offloading_size`) the manager also drives a `HostTier`:
 evicted cached blocks are offloaded to it instead of dropped, a match continues into it and
 loads blocks back, and a preempted sequence may be swapped out to it whole. The tier is keyed
-by each block's chained hash (`Sequence.block_hashes`), which the manager records for every
+by each block's chained hash (the prefix cache's `BlockHashes`), which the manager records for every
 block the prefix cache takes, so both caches offload the same way.
 
 Without a prefix cache or a host tier, a stand-in takes its place (`NoPrefixCache`, `NoHostTier`):
@@ -24,11 +24,11 @@ is no KV cache at all.
 """
 from __future__ import annotations
 
-from ..prefix.base import PrefixCache, salt_of
-from ..prefix.hashing import BlockKey, block_hashes, block_key
+from ..prefix.base import PrefixCache
+from ..prefix.hashing import BlockKey, salt_of
 from ..prefix.no_cache import NoPrefixCache
-from ..engine.sequence import Sequence
-from ..utils import cdiv
+from ..core.sequence import Sequence
+from ..core.utils import cdiv
 from .host_tier import HostTier
 from .no_tier import NoHostTier
 
@@ -103,8 +103,8 @@ class KVManager:
         """Continue the match in the host tier: the host blocks of the next blocks of `seq`, held until
         their copies run. One device block is left for the tokens the sequence still computes."""
         hits, room = [], self.num_available_blocks - 1
-        for i in range(len(seq.block_table), len(block_hashes(seq, self.block_size))):
-            host = self.tier.lookup(block_key(seq, i, self.block_size)) if len(hits) < room else None
+        for i in range(len(seq.block_table), len(self.prefix_cache.hashes.of(seq))):
+            host = self.tier.lookup(self.prefix_cache.hashes.key(seq, i)) if len(hits) < room else None
             if host is None:
                 break
             self.tier.pin(host)  # the evictions below may offload into the tier: keep the hits
@@ -167,7 +167,7 @@ class KVManager:
         """n > 1: the child reads the parent's blocks (and its cached prefix); writes copy on write.
         A parent swapped out to the host tier shares its host blocks instead."""
         self.blocks.fork(parent, child)
-        child.block_hashes = list(parent.block_hashes)  # the child's tokens start with the parent's
+        self.prefix_cache.hashes.fork(parent, child)
         self.tier.share(parent, child)
         self._hold(parent, self.prefix_cache.fork(parent, child))
 
@@ -178,7 +178,7 @@ class KVManager:
         if new:
             where = {b: i for i, b in enumerate(seq.block_table)}
             for block in new:
-                self.block_keys[block] = block_key(seq, where[block], self.block_size)
+                self.block_keys[block] = self.prefix_cache.hashes.key(seq, where[block])
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Speculative rollback: keep the blocks of the first `num_tokens` positions only."""
@@ -225,7 +225,7 @@ class KVManager:
         of its computed blocks (the full ones are cached as they are computed)."""
         num_full, bs = seq.num_computed_tokens // self.block_size, self.block_size
         cached = len(self.prefix_cache.match(seq.token_ids[: num_full * bs], salt_of(seq)))
-        while cached < num_full and self.tier.lookup(block_key(seq, cached, bs)) is not None:
+        while cached < num_full and self.tier.lookup(self.prefix_cache.hashes.key(seq, cached)) is not None:
             cached += 1
         return seq.num_computed_tokens - cached * bs
 
@@ -243,6 +243,7 @@ class KVManager:
         if seq.block_table:
             self.cache_computed(seq)
         self.free(seq)
+        self.prefix_cache.hashes.drop(seq)  # kept while it is preempted: its tokens only ever grow
         self.tier.finish(seq)  # ended while swapped out (aborted, or a pruned beam): its host blocks go
 
     def clear(self) -> int:

@@ -19,26 +19,13 @@ bandwidth and prefill throughput to the `CostModel` that decides swap or recompu
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
-from ..engine.plugin import EnginePlugin, Phase, StepContext
+from ..core.plugin import EnginePlugin, Phase, StepContext
 from .cost import CostModel
 from .host_tier import HostTier
 from .paged import KVPool, lazy_zeros
-
-
-@dataclass
-class BlockSwap:
-    """One step's block copies, as plain lists (a tensor-parallel driver sends it to its workers), run in
-    this order (`ModelRunner.apply_swap`): device -> host (offloads, swap-outs: the blocks may be reused
-    this step), copy-on-write (its source may be an idle cached block that a load reuses this step),
-    host -> device (loads, swap-ins). A draft model's pool gets the same copies at the same time."""
-
-    out: list[tuple[int, int]]  # (device block, host block)
-    copies: list[tuple[int, int]]  # copy-on-write (src, dst) device blocks
-    into: list[tuple[int, int]]  # (host block, device block)
 
 
 class HostKVPool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..prefix import make_prefix_cache
-from ..utils import cdiv
+from ..core.utils import cdiv
 from .block_manager import BlockManager
 from .cost import CostModel
 from .host_tier import HostTier

@@ -11,13 +11,12 @@ drops the cache's one reference on each of those blocks. Calls go one way: manag
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-from ..engine.sequence import Sequence
+from ..core.sequence import Sequence
+from .hashing import BlockHashes
 
-
-def salt_of(seq: Sequence) -> str | None:
-    """The sequence's cache_salt (beam search's parameters carry none)."""
-    return getattr(seq.params, "cache_salt", None)
+Handle = TypeVar("Handle")
 
 
 @dataclass
@@ -31,12 +30,16 @@ class PrefixCacheStats:
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
 
-class PrefixCache:
+class PrefixCache(Generic[Handle]):
     """Subclasses implement match / cache_computed / evict and say which blocks they hold."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size
         self.stats = PrefixCacheStats()
+        self.hashes = BlockHashes(block_size)  # the chains of block hashes the hash cache and the host tier key by
+        # each sequence's own record with this cache, by seq_id: the radix tree's locked node, or how many of
+        # its full blocks the hash cache has been offered
+        self.handles: dict[int, Handle] = {}
 
     # -- implemented by each cache -----------------------------------------------------------
     def match(self, token_ids: list[int], salt: str | None = None) -> list[int]:
@@ -59,7 +62,7 @@ class PrefixCache:
 
     def release(self, seq: Sequence) -> None:
         """The sequence stops using its cached prefix (finished or preempted)."""
-        seq.prefix_handle = None
+        self.handles.pop(seq.seq_id, None)
 
     def fork(self, parent: Sequence, child: Sequence) -> list[int]:
         """A forked child shares the parent's cached prefix.
@@ -69,7 +72,8 @@ class PrefixCache:
         newly cached, as `cache_computed` does.
         """
         new = self.cache_computed(parent)
-        child.prefix_handle = parent.prefix_handle
+        if parent.seq_id in self.handles:
+            self.handles[child.seq_id] = self.handles[parent.seq_id]
         return new
 
     def holds(self, block: int) -> bool:
@@ -99,5 +103,4 @@ class PrefixCache:
             return
         self.stats.num_queries += 1
         self.stats.query_tokens += seq.num_prompt_tokens
-        seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
-        self.stats.hit_tokens += seq.num_cached_tokens
+        self.stats.hit_tokens += min(seq.num_computed_tokens, seq.num_prompt_tokens)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..engine.sequence import Sequence
+from ..core.sequence import Sequence
 from .base import PrefixCache
-from .hashing import BlockKey, block_key, block_keys
+from .hashing import BlockKey, block_keys
 
 
-class HashPrefixCache(PrefixCache):
+class HashPrefixCache(PrefixCache[int]):
     def __init__(self, block_size: int):
         super().__init__(block_size)
         self.hash_to_block: dict[int, int] = {}
@@ -39,14 +39,14 @@ class HashPrefixCache(PrefixCache):
         """Key each full computed block not offered yet (the sequence's handle counts those offered); a
         block is cached unless its prefix already is, under another block."""
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
-        offered, new = seq.prefix_handle or 0, []
+        offered, new = self.handles.get(seq.seq_id, 0), []
         for i in range(offered, num_full):
-            key, block = block_key(seq, i, self.block_size), seq.block_table[i]
+            key, block = self.hashes.key(seq, i), seq.block_table[i]
             if key.hash not in self.hash_to_block and block not in self.block_key:
                 self.hash_to_block[key.hash] = block
                 self.block_key[block] = key
                 new.append(block)
-        seq.prefix_handle = max(offered, num_full)
+        self.handles[seq.seq_id] = max(offered, num_full)
         return new
 
     def holds(self, block: int) -> bool:

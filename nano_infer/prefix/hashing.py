@@ -12,10 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from ..engine.sequence import Sequence
-from .base import salt_of
+from ..core.sequence import Sequence
 
 ROOT_HASH = 0
+
+
+def salt_of(seq: Sequence) -> str | None:
+    """The sequence's cache_salt (beam search's parameters carry none)."""
+    return getattr(seq.params, "cache_salt", None)
 
 
 class BlockKey(NamedTuple):
@@ -45,15 +49,29 @@ def block_keys(token_ids: list[int], block_size: int, salt: str | None = None,
         parent = key.hash
 
 
-def block_hashes(seq: Sequence, block_size: int) -> list[int]:
-    """`seq.block_hashes`, extended to every full block of its tokens. Computed once per block: a sequence's
-    tokens are only ever appended to."""
-    seq.block_hashes += [key.hash for key in block_keys(seq.token_ids, block_size, salt_of(seq), seq.block_hashes)]
-    return seq.block_hashes
+class BlockHashes:
+    """Each live sequence's chain of block hashes, extended as its blocks fill: computed once per block, since a
+    sequence's tokens are only ever appended to. Keyed by `seq_id`; the KV manager forks and drops the chains."""
 
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.chains: dict[int, list[int]] = {}
 
-def block_key(seq: Sequence, i: int, block_size: int) -> BlockKey:
-    """The key of the sequence's full block i, read off its chain of hashes."""
-    hashes = block_hashes(seq, block_size)
-    parent = hashes[i - 1] if i else root_hash(salt_of(seq))
-    return BlockKey(hashes[i], parent, tuple(seq.token_ids[i * block_size : (i + 1) * block_size]))
+    def of(self, seq: Sequence) -> list[int]:
+        """The hashes of every full block of `seq`'s tokens."""
+        chain = self.chains.setdefault(seq.seq_id, [])
+        chain += [key.hash for key in block_keys(seq.token_ids, self.block_size, salt_of(seq), chain)]
+        return chain
+
+    def key(self, seq: Sequence, i: int) -> BlockKey:
+        """The key of the sequence's full block i, read off its chain of hashes."""
+        hashes, bs = self.of(seq), self.block_size
+        parent = hashes[i - 1] if i else root_hash(salt_of(seq))
+        return BlockKey(hashes[i], parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child's tokens start with the parent's: so does its chain."""
+        self.chains[child.seq_id] = list(self.chains.get(parent.seq_id, ()))
+
+    def drop(self, seq: Sequence) -> None:
+        self.chains.pop(seq.seq_id, None)

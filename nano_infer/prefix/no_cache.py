@@ -5,11 +5,11 @@ prefix cache": a match is empty, nothing is offered back, nothing is ever idle o
 """
 from __future__ import annotations
 
-from ..engine.sequence import Sequence
+from ..core.sequence import Sequence
 from .base import PrefixCache
 
 
-class NoPrefixCache(PrefixCache):
+class NoPrefixCache(PrefixCache[None]):
     def match(self, token_ids: list[int], salt: str | None = None) -> list[int]:
         return []
 

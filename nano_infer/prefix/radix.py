@@ -22,8 +22,9 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from ..engine.sequence import Sequence
-from .base import PrefixCache, salt_of
+from ..core.sequence import Sequence
+from .base import PrefixCache
+from .hashing import salt_of
 
 
 @dataclass(eq=False)
@@ -38,7 +39,7 @@ class RadixNode:
     salt: str | None = None  # a root: the cache_salt its tree belongs to
 
 
-class RadixPrefixCache(PrefixCache):
+class RadixPrefixCache(PrefixCache[RadixNode]):
     def __init__(self, block_size: int):
         super().__init__(block_size)
         self.root = RadixNode((), [], None)
@@ -96,7 +97,7 @@ class RadixPrefixCache(PrefixCache):
     def lock(self, seq: Sequence, blocks: list[int]) -> None:
         node, _ = self._walk(seq.token_ids[: len(blocks) * self.block_size], split=True, salt=salt_of(seq))
         self._set_lock(node, +1)
-        seq.prefix_handle = node
+        self.handles[seq.seq_id] = node
 
     def insert(self, tokens: list[int], blocks: list[int], salt: str | None = None) -> tuple[RadixNode, list[int]]:
         """Add a block-aligned prefix; parts already in the tree keep the tree's blocks.
@@ -118,27 +119,28 @@ class RadixPrefixCache(PrefixCache):
     def cache_computed(self, seq: Sequence) -> list[int]:
         """Insert the sequence's full computed blocks and move its lock down to the new end."""
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
-        held = seq.prefix_handle.depth if seq.prefix_handle else 0
-        if num_full * self.block_size <= held:
+        held = self.handles.get(seq.seq_id)
+        if num_full * self.block_size <= (held.depth if held else 0):
             return []
         node, new = self.insert(seq.token_ids[: num_full * self.block_size], seq.block_table[:num_full], salt_of(seq))
         self._set_lock(node, +1)  # lock the new path before unlocking the old one (they overlap)
-        if seq.prefix_handle is not None:
-            self._set_lock(seq.prefix_handle, -1)
-        seq.prefix_handle = node
+        if held is not None:
+            self._set_lock(held, -1)
+        self.handles[seq.seq_id] = node
         return list(new)
 
     def fork(self, parent: Sequence, child: Sequence) -> list[int]:
         new = self.cache_computed(parent)
-        if parent.prefix_handle is not None:
-            self._set_lock(parent.prefix_handle, +1)
-            child.prefix_handle = parent.prefix_handle
+        node = self.handles.get(parent.seq_id)
+        if node is not None:
+            self._set_lock(node, +1)
+            self.handles[child.seq_id] = node
         return new
 
     def release(self, seq: Sequence) -> None:
-        if seq.prefix_handle is not None:
-            self._set_lock(seq.prefix_handle, -1)
-            seq.prefix_handle = None
+        node = self.handles.pop(seq.seq_id, None)
+        if node is not None:
+            self._set_lock(node, -1)
 
     def _set_lock(self, node: RadixNode, delta: int) -> None:
         while node.parent is not None:  # up to the root of its tree

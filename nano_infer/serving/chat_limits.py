@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 
 from ..text.chat_template import chat_token_ids
-from ..engine.request import check_utf8
+from ..text.utf8 import check_utf8
 
 
 def check_prompt_size(engine, prompt) -> None:

@@ -11,7 +11,9 @@ One step for a decoding sequence:
    rejected tokens used.
 Nothing of a rejected token reaches the prefix cache: caching reads `num_computed_tokens`,
 which only ever counts accepted tokens once the step is over. The decoder owns its draft
-model, if any; the runner keeps the draft's KV filled without knowing what it is.
+model, if any; the runner keeps the draft's KV filled without knowing what it is. It is a
+feature the engine builds from `speculative_config` (registered below): the draft loads with
+the target, and its K/V per token is budgeted with the target's pool.
 """
 from __future__ import annotations
 
@@ -20,10 +22,17 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.plugin import EnginePlugin, Phase, StepContext
+from ..config import SpeculativeConfig
+from ..core.batch import ScheduledSeq
+from ..core.plugin import Phase, Sequences, StepContext
+from ..core.sequence import Sequence
+from ..engine.build import Feature, FeatureSetup, register_feature
 from ..engine.logits_processors import Row, apply_logits_rules
+from ..engine.model_runner import ModelRunner
 from ..engine.sampling import greedy_tokens
-from .config import SpeculativeConfig
+from ..kv.manager import KVManager
+from ..kv.paged import kv_bytes_per_token
+from .draft import DraftProposer
 from .ngram import propose_ngram
 from .rejection import accept_greedy, accept_sampled, target_probs
 
@@ -46,17 +55,37 @@ class SpecStats:
         return self.num_emitted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
-class SpeculativeDecoder(EnginePlugin):
+@register_feature
+class SpeculativeDecoder(Feature[None]):
     phase = Phase.PROPOSE  # after the host tier's copies: a draft reads the blocks they fill
 
-    def __init__(self, config: SpeculativeConfig, kv, max_model_len: int, draft=None):
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, attention: str, draft: DraftProposer | None = None):
         self.config = config
-        self.kv = kv  # the KVManager: proposal slots are allocated and rolled back there
-        self.draft = draft  # DraftProposer, or None for n-gram lookup
+        self.attention = attention  # the draft's attention backend: the target's kind
+        self.draft = draft  # None for n-gram lookup
         self.max_model_len = max_model_len
+        self.kv: KVManager | None = None  # proposal slots are allocated and rolled back there
+        self.runner: ModelRunner | None = None  # runs the draft on the step's block tables
         self.stats = SpecStats()
+        if draft is not None:  # the draft's K/V lives in blocks of the same ids: the pool budgets for both per token
+            self.kv_bytes_per_token = kv_bytes_per_token(draft.config.num_hidden_layers, draft.model.num_kv_heads,
+                                                         draft.model.head_dim, draft.dtype)
 
-    def lookahead(self, seq) -> int:
+    @classmethod
+    def create(cls, setup: FeatureSetup) -> SpeculativeDecoder | None:
+        spec = setup.config.speculative_config
+        if spec is None:
+            return None
+        draft = None if spec.method != "draft_model" else DraftProposer(
+            spec.model, setup.hf_config, setup.tokenizer, setup.device, setup.dtype, setup.max_model_len)
+        return cls(spec, setup.max_model_len, setup.config.attention, draft)
+
+    def attach(self, runner: ModelRunner, kv: KVManager | None) -> None:
+        self.kv, self.runner = kv, runner
+        if self.draft is not None:
+            self.draft.attach(runner, kv.num_blocks, kv.block_size, self.attention)
+
+    def lookahead(self, seq: Sequence) -> int:
         """Proposal slots the scheduler may reserve: k, less near max_tokens or max_model_len
         (a verify appends up to 1 + k tokens, and none past either limit)."""
         if seq.num_pending_forks or seq.params.logprobs is not None:
@@ -76,22 +105,22 @@ class SpeculativeDecoder(EnginePlugin):
             return
         if self.draft is not None:
             step.move_blocks()  # the draft reads the step's copied and loaded blocks, and writes into copies
-            self.draft.propose(step.runner, reserved)
+            self.draft.propose(self.runner, reserved)
         else:
             cfg = self.config
             for e in reserved:
                 e.spec_token_ids = propose_ngram(e.seq.token_ids, e.num_lookahead, cfg.prompt_lookup_max,
                                                  cfg.prompt_lookup_min)
         for e in reserved:
-            if e.seq.constraint is not None:
+            if e.seq.sampling.constraint is not None:
                 self._cut_forbidden(e)
             e.num_tokens, e.num_lookahead = 1 + len(e.spec_token_ids), 0
             self.kv.truncate(e.seq, e.end)
 
     @staticmethod
-    def _cut_forbidden(entry) -> None:
+    def _cut_forbidden(entry: ScheduledSeq) -> None:
         """Keep proposals up to the first one the constraint would not allow."""
-        c = entry.seq.constraint.fork()
+        c = entry.seq.sampling.constraint.fork()
         for j, token in enumerate(entry.spec_token_ids):
             if c.index.next_state(c.state, token) < 0:
                 del entry.spec_token_ids[j:]
@@ -100,22 +129,22 @@ class SpeculativeDecoder(EnginePlugin):
             c.advance(token)
 
     # -- after it ------------------------------------------------------------------------------
-    def claims(self, entry) -> bool:
+    def claims(self, entry: ScheduledSeq) -> bool:
         return bool(entry.spec_token_ids)
 
-    def process(self, claimed: list, logits: torch.Tensor, outputs) -> None:
+    def process(self, claimed: list[tuple[ScheduledSeq, int]], logits: torch.Tensor, seqs: Sequences) -> None:
         now = time.perf_counter()
         for entry, row in claimed:
-            outputs.isolated(entry.seq, self._append_verified, entry, logits[row : row + 1 + len(entry.spec_token_ids)],
-                             outputs, now)
+            seqs.isolated(entry.seq, self._append_verified, entry, logits[row : row + 1 + len(entry.spec_token_ids)],
+                          seqs, now)
 
-    def _append_verified(self, entry, logits: torch.Tensor, outputs, now: float) -> None:
+    def _append_verified(self, entry: ScheduledSeq, logits: torch.Tensor, seqs: Sequences, now: float) -> None:
         """Append what verification accepted, one token at a time (each may finish the request),
         then give back the KV slots of the rejected proposals."""
-        seq, tokens, appended = entry.seq, self.accept(entry, logits, outputs.eos_token_ids), []
+        seq, tokens, appended = entry.seq, self.accept(entry, logits, seqs.eos_token_ids), []
         for token in tokens:
-            outputs.scheduler.advance(seq, len(seq))  # K/V of every token so far is computed and accepted
-            outputs.append_token(seq, token, now)
+            seqs.advance(seq, len(seq))  # K/V of every token so far is computed and accepted
+            seqs.append_token(seq, token, now)
             appended.append(token)
             if seq.is_finished:
                 break
@@ -124,12 +153,12 @@ class SpeculativeDecoder(EnginePlugin):
             self.kv.truncate(seq, seq.num_computed_tokens)
 
     @torch.inference_mode()
-    def accept(self, entry, logits: torch.Tensor, eos_token_ids=()) -> list[int]:
+    def accept(self, entry: ScheduledSeq, logits: torch.Tensor, eos_token_ids: set[int] = frozenset()) -> list[int]:
         """logits [1 + k, V]: the target after the last token and after each proposal. Returns the
         tokens to append: accepted proposals, then one corrected or bonus token."""
         seq, proposal = entry.seq, entry.spec_token_ids
-        if seq.constraint is not None:
-            c = seq.constraint.fork()
+        if seq.sampling.constraint is not None:
+            c = seq.sampling.constraint.fork()
             for j, token in enumerate([None] + proposal):
                 if token is not None:
                     c.advance(token)
@@ -142,10 +171,10 @@ class SpeculativeDecoder(EnginePlugin):
             tokens = accept_greedy(greedy_tokens(logits).tolist(), proposal)
         else:
             q = torch.stack(entry.spec_draft_probs) if entry.spec_draft_probs else None
-            tokens = accept_sampled(target_probs(logits, seq.params), proposal, q, seq.generator)
+            tokens = accept_sampled(target_probs(logits, seq.params), proposal, q, seq.sampling.generator)
         return tokens
 
-    def _record(self, entry, tokens: list[int], appended: list[int]) -> None:
+    def _record(self, entry: ScheduledSeq, tokens: list[int], appended: list[int]) -> None:
         """Count one verify; `appended` stops early where a token ended the request (an accepted EOS)."""
         s, seq = self.stats, entry.seq
         s.num_drafts += 1

@@ -9,13 +9,19 @@ verifying sequence (`propose`).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+from ..core.batch import ScheduledSeq
+from ..engine.model_runner import ModelRunner
+from ..engine.sampling import greedy_tokens
 from ..kv import KVPool
 from ..models.loader import load_config, load_model, resolve_model_dir
-from ..engine.sampling import greedy_tokens
-from ..engine.scheduler import ScheduledSeq
 from .rejection import target_probs
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 
 def check_compatible(draft_dir, draft_config, target_config, target_tokenizer) -> None:
@@ -31,7 +37,8 @@ def check_compatible(draft_dir, draft_config, target_config, target_tokenizer) -
 
 
 class DraftProposer:
-    def __init__(self, model_name: str, target_config, target_tokenizer, device, dtype, max_model_len: int):
+    def __init__(self, model_name: str, target_config: PretrainedConfig, target_tokenizer: PreTrainedTokenizerBase,
+                 device: torch.device, dtype: torch.dtype, max_model_len: int):
         self.model_dir = resolve_model_dir(model_name)
         self.config = load_config(self.model_dir)
         check_compatible(self.model_dir, self.config, target_config, target_tokenizer)
@@ -39,18 +46,19 @@ class DraftProposer:
             raise ValueError(f"speculative_config model: the draft's max_position_embeddings="
                              f"{self.config.max_position_embeddings} is below max_model_len={max_model_len}")
         self.model = load_model(self.model_dir, self.config, device, dtype, max_model_len)
+        self.device, self.dtype = device, dtype
         self.kv_pool = None
         self.backend = None
 
-    def attach(self, runner, num_blocks: int, block_size: int, attention: str, device, dtype) -> None:
+    def attach(self, runner: ModelRunner, num_blocks: int, block_size: int, attention: str) -> None:
         """The draft's pool (as many blocks as the target's, so any block id is valid in both),
         kept filled by the runner on every step."""
         self.kv_pool = KVPool(self.config.num_hidden_layers, num_blocks, block_size,
-                              self.model.num_kv_heads, self.model.head_dim, dtype, device)
+                              self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device)
         self.backend = runner.mirror(self.model, self.kv_pool, attention)
 
     @torch.inference_mode()
-    def propose(self, runner, entries: list[ScheduledSeq]) -> None:
+    def propose(self, runner: ModelRunner, entries: list[ScheduledSeq]) -> None:
         """Fill each entry's `spec_token_ids` with `num_lookahead` draft tokens: pass j feeds the
         token at position start + j (the last known token, then each proposal in turn). A greedy
         request takes the draft's argmax; a sampled one draws from the draft's distribution
@@ -67,5 +75,5 @@ class DraftProposer:
                     e.spec_token_ids.append(greedy[i])
                     continue
                 q = target_probs(logits[i : i + 1], e.seq.params)[0]
-                e.spec_token_ids.append(int(torch.multinomial(q, 1, generator=e.seq.generator)))
+                e.spec_token_ids.append(int(torch.multinomial(q, 1, generator=e.seq.sampling.generator)))
                 e.spec_draft_probs.append(q)

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
+from ..beam import BeamSearcher
 from ..kv.block_manager import BlockEvent
 from . import stepper
 
@@ -73,7 +74,8 @@ def record_beam_search(engine, request_id: str, params, prompt_token_ids: list[i
     log = engine.kv.blocks.log
     engine.add_request(request_id, prompt_token_ids=prompt_token_ids, params=params)
     req = engine.requests[request_id]
-    state, n = req.beam, len(prompt_token_ids)
+    _, state = engine.plugin(BeamSearcher).requests[request_id]
+    n = len(prompt_token_ids)
     rounds: list[BeamRound] = []
     before = {tuple(req.seqs[0].token_ids): req.seqs[0].seq_id}  # live beams' tokens -> seq_id
     seen = set()  # hypotheses already shown as finished

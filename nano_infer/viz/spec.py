@@ -1,6 +1,6 @@
 """Chapter 09's picture: what each verify pass of one request proposed, kept and added.
 
-Reads `engine.spec.stats.log` (set it to [] before generating): one entry per verify,
+Reads `engine.plugin(SpeculativeDecoder).stats.log` (set it to [] before generating): one entry per verify,
 (request_id, sample index, length before, proposal, tokens appended, proposals accepted). Row
 i of the grid is verify pass i: the proposed tokens, green where the target accepted them and
 red from the first rejection on, then the one token the target adds itself (blue: a bonus

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 
 from ..kv.host_tier import HostTierStats
-from ..utils import cdiv
+from ..core.utils import cdiv
 from . import stepper
 
 # states of a block, the values the heatmaps colour

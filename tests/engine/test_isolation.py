@@ -48,9 +48,9 @@ def test_a_failing_request_fails_alone(engine, where):
     engine.add_request("other", "Friends, Romans", SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True, seed=3))
     bad = engine.requests["bad"].seqs[0]
     if where == "sample":  # the batched draw raises on this row (as a 2**70 top_k once did)
-        bad.generator = "not a generator"
+        bad.sampling.generator = "not a generator"
     else:  # taking its token raises (as a constraint refusing the token once did)
-        bad.detokenizer = type("D", (), {"add": Exploding(after=2), "text": ""})()
+        bad.sampling.detokenizer = type("D", (), {"add": Exploding(after=2), "text": ""})()
     finals = run_all(engine)
     assert finals["bad"].error is not None and finals["bad"].finished
     assert all(o.finish_reason == "abort" for o in finals["bad"].outputs)

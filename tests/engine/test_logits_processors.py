@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from nano_infer import LLM, SamplingParams
+from nano_infer.spec import SpeculativeDecoder
 from tests.helpers.engine_checks import assert_idle_and_blocks_free
 from tests.helpers.model_factory import hf_model
 from tests.helpers.parity import prompts
@@ -124,7 +125,7 @@ def test_speculative_verification_honours_the_rules(qwen2_dir, hf, ps):
     assert ours(spec, ps, repetition_penalty=1.8) == [hf_generate(hf, p, repetition_penalty=1.8) for p in ps]
     want = [openai_penalties_reference(hf, p, 0.0, 0.9) for p in ps]
     assert ours(spec, ps, frequency_penalty=0.9) == want
-    stats = spec.engine.spec.stats
+    stats = spec.engine.plugin(SpeculativeDecoder).stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, "verification accepted all or nothing: not exercised"
 
 

@@ -9,8 +9,8 @@ import torch
 from nano_infer.kv import KVPool
 from nano_infer.engine.model_runner import ModelRunner
 from nano_infer.sampling_params import SamplingParams
-from nano_infer.engine.scheduler import ScheduledSeq
-from nano_infer.engine.sequence import Sequence
+from nano_infer.core.batch import ScheduledSeq
+from nano_infer.core.sequence import Sequence
 
 BS = 4
 

@@ -4,8 +4,9 @@ import pytest
 from nano_infer import LLM, BeamSearchParams, SamplingParams
 from nano_infer.beam import BeamSearcher
 from nano_infer.engine.memory import StepRecorder
-from nano_infer.engine.plugin import Phase, StepContext
-from nano_infer.kv.offload import BlockSwap, KVOffloader
+from nano_infer.core.plugin import Phase, StepContext
+from nano_infer.core.batch import BlockSwap
+from nano_infer.kv.offload import KVOffloader
 from nano_infer.models.loader import TINY_MODEL_DIR
 from nano_infer.spec import SpeculativeDecoder
 
@@ -16,22 +17,37 @@ def test_plugins_run_in_phase_order_the_tier_before_the_draft_and_the_recorder_l
     llm = LLM(str(TINY_MODEL_DIR), dtype="float32", block_size=4, num_kv_blocks=64, kv_offloading_size=0.01,
               speculative_config=DRAFT, record_steps=True)
     engine = llm.engine
-    assert [type(p) for p in engine.plugins] == [KVOffloader, SpeculativeDecoder, StepRecorder]
-    assert [p.phase for p in engine.plugins] == [Phase.MOVE_BLOCKS, Phase.PROPOSE, Phase.OBSERVE]
-    assert engine.claimers == [engine.spec]
+    assert [type(p) for p in engine.plugins] == [KVOffloader, SpeculativeDecoder, BeamSearcher, StepRecorder]
+    assert [p.phase for p in engine.plugins] == [Phase.MOVE_BLOCKS, Phase.PROPOSE, Phase.OBSERVE, Phase.OBSERVE]
+    assert engine.claimers == [engine.plugin(SpeculativeDecoder), engine.plugin(BeamSearcher)]
     out = llm.generate(["to be, or not to be, to be, or not to be"], SamplingParams(max_tokens=8, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 8 and engine.history
 
 
-def test_a_plain_engine_asks_no_plugin_and_makes_the_beam_searcher_on_the_first_beam_request():
+def test_a_plain_engine_has_only_the_beam_searcher_which_keeps_only_live_beam_requests():
+    """Features register themselves and the engine builds them from its config: beam search is always on and
+    serves BeamSearchParams; the state it keeps per request goes when the request finishes or is aborted."""
     llm = LLM(str(TINY_MODEL_DIR), dtype="float32")
     engine = llm.engine
-    assert engine.plugins == [] and engine.claimers == [] and engine.beam_searcher is None
+    searcher = engine.plugin(BeamSearcher)
+    assert engine.plugins == engine.claimers == [searcher] and engine.plugin(SpeculativeDecoder) is None
+    assert engine.serving == {BeamSearchParams: searcher}
     llm.generate(["Hello"], SamplingParams(max_tokens=2))
-    assert engine.beam_searcher is None
+    assert searcher.requests == {}
     llm.beam_search([{"prompt": "Hello"}], BeamSearchParams(beam_width=2, max_tokens=2))
-    assert isinstance(engine.beam_searcher, BeamSearcher)
-    assert engine.plugins == engine.claimers == [engine.beam_searcher]
+    assert searcher.requests == {} and engine.requests == {}
+    engine.add_request("b", "Hello", BeamSearchParams(beam_width=2, max_tokens=4))
+    engine.step()
+    assert list(searcher.requests) == ["b"]
+    engine.abort_request("b")
+    assert searcher.requests == {} and engine.requests == {}
+
+
+def test_params_no_feature_serves_are_refused():
+    engine = LLM(str(TINY_MODEL_DIR), dtype="float32").engine
+    with pytest.raises(ValueError, match="params must be SamplingParams or one of BeamSearchParams, got dict"):
+        engine.add_request("r", "Hello", {"max_tokens": 2})
+    assert engine.requests == {}
 
 
 class Runner:

@@ -20,7 +20,7 @@ from nano_infer.kv.manager import KVManager
 from nano_infer.prefix import make_prefix_cache
 from nano_infer.sampling_params import SamplingParams
 from nano_infer.engine.scheduler import Scheduler
-from nano_infer.engine.sequence import Sequence, SequenceStatus
+from nano_infer.core.sequence import Sequence, SequenceStatus
 from tests.helpers.kv_model import apply_block_copies
 
 
@@ -126,7 +126,7 @@ class EngineLoop:
         assert list(sched.waiting)[:k] == out.preempted[::-1]
         for seq in out.preempted:
             assert seq not in seqs and seq.status is SequenceStatus.WAITING
-            assert seq.num_computed_tokens == 0 and seq.block_table == [] and seq.prefix_handle is None
+            assert seq.num_computed_tokens == 0 and seq.block_table == [] and seq.seq_id not in self.kv.prefix_cache.handles
         self.num_preemptions += k
         for seq in new:  # restarts from scratch, or from its cache hit
             if self.cache is None:

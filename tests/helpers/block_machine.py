@@ -17,7 +17,7 @@ from nano_infer.kv import BlockManager
 from nano_infer.kv.manager import KVManager
 from nano_infer.prefix import make_prefix_cache
 from nano_infer.sampling_params import SamplingParams
-from nano_infer.engine.sequence import Sequence
+from nano_infer.core.sequence import Sequence
 from tests.helpers.kv_model import apply_block_copies
 
 PARAMS = SamplingParams(max_tokens=None)

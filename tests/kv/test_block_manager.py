@@ -5,7 +5,7 @@ then the documented mechanics one at a time.
 import pytest
 
 from nano_infer.kv import BlockManager, NoFreeBlocksError
-from nano_infer.engine.sequence import Sequence
+from nano_infer.core.sequence import Sequence
 from tests.helpers.block_machine import PARAMS, STATEFUL, PooledMachine
 
 

@@ -28,8 +28,8 @@ from nano_infer.kv.manager import KVManager
 from nano_infer.prefix import make_prefix_cache
 from nano_infer.prefix.hashing import chain_hash, root_hash
 from nano_infer.sampling_params import SamplingParams
-from nano_infer.engine.sequence import Sequence
-from nano_infer.utils import cdiv
+from nano_infer.core.sequence import Sequence
+from nano_infer.core.utils import cdiv
 from tests.helpers.kv_model import copy_blocks
 
 TOKENS = st.integers(0, 2)  # a small alphabet, so prompts share prefixes and blocks

@@ -16,7 +16,7 @@ from gguf.quants import dequantize, quantize
 
 from nano_infer import LLM, SamplingParams
 from nano_infer.config import EngineConfig
-from nano_infer.engine import dense_copies
+from nano_infer.models import dense_copies
 from nano_infer.models.quant_formats import UNPACK, Int4Weight, RowInt8Weight
 from nano_infer.models import quantization
 from nano_infer.models.quantization import (DEQUANTIZE_ROWS, INT4_MAX_ROWS, Int4Linear, Int8Linear, Q8Linear, QuantEmbedding,

@@ -12,7 +12,7 @@ from nano_infer.kv import BlockManager
 from nano_infer.kv.manager import KVManager
 from nano_infer.prefix import make_prefix_cache
 from nano_infer.sampling_params import SamplingParams
-from nano_infer.engine.sequence import Sequence
+from nano_infer.core.sequence import Sequence
 
 PARAMS = SamplingParams(max_tokens=None)
 
@@ -100,7 +100,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def offer(self, seq: Sequence) -> None:
         """cache_computed: the sequence's full computed blocks, each cached unless its prefix already is.
 
-        The hash cache offers each block once per admission (seq.prefix_handle counts those
+        The hash cache offers each block once per admission (its handle counts those
         offered); the radix tree re-walks the whole path.
         """
         num_full = min(seq.num_computed_tokens // self.bs, len(seq.block_table))
@@ -267,7 +267,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert len(node.tokens) == len(node.blocks) * self.bs > 0
             assert node.depth == node.parent.depth + len(node.tokens)
             assert node.parent.children[node.tokens[: self.bs]] is node
-            holders = sum(1 for seq in self.seqs if seq.prefix_handle is not None and is_below(seq.prefix_handle, node))
+            handles = self.cache.handles
+            holders = sum(1 for seq in self.seqs if seq.seq_id in handles and is_below(handles[seq.seq_id], node))
             assert node.lock_ref == holders, "lock_ref is not the number of sequences holding the node"
             if node.lock_ref == 0:
                 assert all(self.bm.ref_count[b] == 1 for b in node.blocks), "an unlocked node's block is in use"
@@ -345,7 +346,7 @@ def test_a_request_that_diverges_inside_an_edge_splits_the_node(block_size):
     assert upper.tokens == (1, 2, 3, 4) and upper.blocks == a[: 4 // block_size] and upper.lock_ref == 1
     (lower,) = upper.children.values()
     assert lower.tokens == (5, 6) and lower.blocks == a[4 // block_size :] and lower.lock_ref == 0
-    assert b.prefix_handle is upper
+    assert cache.handles[b.seq_id] is upper
 
     kv.allocate(b, 2)
     b.num_computed_tokens = 6
@@ -435,4 +436,3 @@ def test_stats_count_a_preempted_request_once(kind):
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
     assert (cache.stats.num_queries, cache.stats.query_tokens, cache.stats.hit_tokens) == (1, 5, 4)
-    assert seq.num_cached_tokens == 4

@@ -8,6 +8,7 @@ import pytest
 
 from nano_infer import LLM, SamplingParams
 from nano_infer.models.loader import TINY_MODEL_DIR
+from nano_infer.spec import SpeculativeDecoder
 from tests.helpers.engine_checks import assert_idle_and_blocks_free
 from tests.helpers.model_factory import make_model_dir
 from tests.helpers.parity import GREEDY, prompts, reference
@@ -122,7 +123,7 @@ def test_greedy_identical_with_speculation(config, method, qwen2_dir, other_draf
         if "num_kv_blocks" in config:
             assert any(o.metrics.num_preemptions for o in outs), "the tiny pool was meant to preempt"
     engine = llm.engine
-    stats = engine.spec.stats
+    stats = engine.plugin(SpeculativeDecoder).stats
     assert stats.num_draft_tokens > 0
     if method == "draft=target":  # the target proposes exactly what it will choose
         assert stats.num_accepted_tokens == stats.num_draft_tokens
@@ -143,7 +144,7 @@ def test_speculation_actually_verifies_several_tokens_per_pass(qwen2_dir, other_
     llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, speculative_config=spec_configs(qwen2_dir, other_draft)["draft=target"])
     outs = llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == expected
-    assert llm.engine.spec.stats.mean_tokens_per_verify > 4.0
+    assert llm.engine.plugin(SpeculativeDecoder).stats.mean_tokens_per_verify > 4.0
 
 
 def test_n_greater_than_one_and_sampling_in_one_batch(qwen2_dir, other_draft, ref):
@@ -183,7 +184,7 @@ def test_constraint_cuts_forbidden_proposals_and_output_is_unchanged(qwen2_dir, 
         llm = LLM(str(qwen2_dir), dtype="float32", block_size=4, speculative_config=spec_configs(qwen2_dir, other_draft)[method])
         outs = llm.generate(prompt_token_ids=ps, sampling_params=params)
         assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
-        assert llm.engine.spec.stats.num_draft_tokens > 0
+        assert llm.engine.plugin(SpeculativeDecoder).stats.num_draft_tokens > 0
 
 
 def test_stop_token_inside_accepted_proposals_ends_the_request_there(qwen2_dir, other_draft, ref):
@@ -216,7 +217,7 @@ def test_shipped_model_matches_transformers_with_speculation(spec):
     expected = reference(target, ids)
     outs = llm.generate(prompt_token_ids=ids, sampling_params=GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == expected
-    assert llm.engine.spec.stats.num_accepted_tokens > 0
+    assert llm.engine.plugin(SpeculativeDecoder).stats.num_accepted_tokens > 0
 
 
 # -- bad configurations ------------------------------------------------------------------------

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from ..models.quantization import INT4_MAX_ROWS, Int4Linear
-from .plugin import EnginePlugin, StepContext
+from .quantization import INT4_MAX_ROWS, Int4Linear
+from ..core.plugin import EnginePlugin, StepContext
 
 logger = logging.getLogger("nano_infer")
 # Up to this many prompt tokens a chat keeps only the 4-bit weights in memory. Past it the copies pay for themselves
