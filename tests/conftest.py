@@ -63,6 +63,4 @@ def client(server):
 @pytest.fixture(scope="module")
 def model(allm):
     """The model name the module's server answers to."""
-    from nano_infer.server import public_model_name
-
-    return public_model_name(allm)
+    return allm.stats.model_name

@@ -4,6 +4,7 @@ The notebooks print the engine's source; these limits keep what they print reada
 nano_infer/ without bench/, viz/ and exercises/ (tools around the engine, not the engine).
 """
 import ast
+import dataclasses
 from pathlib import Path
 
 import nano_infer
@@ -118,3 +119,137 @@ def test_tests_are_grouped_like_the_package():
     folders = [p for p in tests.iterdir() if p.is_dir() and (PACKAGE / p.name).is_dir()]
     assert len(folders) >= 3 and len(list(tests.glob("test_*.py"))) <= 12
     assert (tests / "engine" / "test_scheduler.py").exists() and (tests / "kv" / "test_block_manager.py").exists()
+
+
+# -- layers: every import runs down --------------------------------------------------------------
+# The package's parts from the bottom up. A module may import its own part or one below it, never one above.
+LAYERS = [
+    {"outputs", "sampling_params", "inputs", "constrained", "text", "config"},  # records and pure algorithms
+    {"core"},  # the shared records: Sequence, Request, the step's batch, the plug-in base, the published stats
+    {"prefix"},
+    {"kv"},
+    {"models"},
+    {"distributed"},  # starts worker processes and moves messages; the engine names the runner they build
+    {"engine"},
+    {"beam", "spec"},  # features: register with the engine, never named by it
+    {"llm"},
+    {"serving"},
+    {"server"},
+    {"cli", "__main__", "nano_infer", "bench", "viz", "exercises"},  # tools and entry points
+]
+RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+
+
+def part_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "nano_infer"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports from a module to one in a higher layer (a part missing from LAYERS is an error of its own)."""
+    return sorted((a, b) for a, targets in graph.items() for b in targets if RANK[part_of(b)] > RANK[part_of(a)])
+
+
+def package_graph() -> dict[str, set[str]]:
+    paths = list(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): imports(p, modules) for p in paths}
+
+
+def test_every_part_has_a_layer_and_every_import_runs_down():
+    graph = package_graph()
+    assert {part_of(m) for m in graph} <= set(RANK), {part_of(m) for m in graph} - set(RANK)
+    assert upward_imports(graph) == []
+
+
+def test_kv_and_prefix_know_no_engine_the_engine_names_no_feature_and_config_loads_no_engine_module():
+    graph = package_graph()
+    edges = {(part_of(a), part_of(b)) for a, targets in graph.items() for b in targets}
+    assert not {("kv", "engine"), ("prefix", "engine"), ("engine", "beam"), ("engine", "spec")} & edges
+    assert {part_of(b) for b in graph["nano_infer.config"]} <= LAYERS[0]
+
+
+def test_the_layer_check_finds_a_planted_upward_import():
+    planted = {"nano_infer.kv.manager": {"nano_infer.engine.sequence", "nano_infer.core.sequence"},
+               "nano_infer.engine.llm_engine": {"nano_infer.beam.plugin", "nano_infer.kv.manager"},
+               "nano_infer.config": {"nano_infer.spec.config"}}
+    assert upward_imports(planted) == [("nano_infer.config", "nano_infer.spec.config"),
+                                       ("nano_infer.engine.llm_engine", "nano_infer.beam.plugin"),
+                                       ("nano_infer.kv.manager", "nano_infer.engine.sequence")]
+
+
+# -- the shared records stay small, and every boundary names its types --------------------------------
+MAX_SEQUENCE_FIELDS = 12
+
+
+def too_many_fields(cls) -> bool:
+    return len(dataclasses.fields(cls)) > MAX_SEQUENCE_FIELDS
+
+
+def test_sequence_holds_what_every_step_needs_and_no_feature_s_state():
+    from nano_infer.core.sequence import Sequence
+
+    assert not too_many_fields(Sequence), [f.name for f in dataclasses.fields(Sequence)]
+    assert not {"prefix_handle", "block_hashes", "beam", "spec_token_ids"} & {f.name for f in dataclasses.fields(Sequence)}
+
+
+def test_the_field_count_check_refuses_a_planted_thirteenth_field():
+    planted = dataclasses.make_dataclass("Planted", [f"f{i}" for i in range(MAX_SEQUENCE_FIELDS + 1)])
+    assert too_many_fields(planted) and not too_many_fields(dataclasses.make_dataclass("Fine", ["a", "b"]))
+
+
+def object_annotations(source: str) -> list[int]:
+    """Lines that annotate an attribute, an argument or a return as `object` (alone or in a union)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        annotations = [node.annotation] if isinstance(node, (ast.AnnAssign, ast.arg)) else []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            annotations.append(node.returns)
+        for annotation in annotations:
+            if annotation is not None and any(isinstance(n, ast.Name) and n.id == "object" for n in ast.walk(annotation)):
+                found.append(annotation.lineno)
+    return found
+
+
+def test_no_boundary_is_annotated_object():
+    found = {str(p.relative_to(PACKAGE)): lines for p in CORE if (lines := object_annotations(p.read_text()))}
+    assert found == {}
+
+
+def test_the_annotation_check_finds_a_planted_object():
+    assert object_annotations("class A:\n    x: object = None\n    y: int | object\n") == [2, 3]
+    assert object_annotations("def f(a: object, b: int) -> object: ...\n") == [1, 1]
+    assert object_annotations("def f(a: int) -> str:\n    x: list[int] = []\n") == []
+
+
+# -- one writer of the engine's request table ------------------------------------------------------------
+def request_table_writes(source: str) -> list[int]:
+    """Lines that add to, remove from or make a `.requests` table (a read, or keeping a reference to the
+    engine's table, is not a write)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Subscript):
+                    target = target.value
+                elif isinstance(getattr(node, "value", None), ast.Name):
+                    continue  # `self.requests = requests`: a reference, not a new table
+                if isinstance(target, ast.Attribute) and target.attr == "requests":
+                    found.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in {"pop", "popitem", "clear", "update", "setdefault"}
+              and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "requests"):
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_the_engine_is_the_one_writer_of_its_request_table():
+    writers = {str(p.relative_to(PACKAGE)) for p in CORE if request_table_writes(p.read_text())}
+    assert writers == {"engine/llm_engine.py"}
+
+
+def test_the_writer_check_finds_planted_writes_and_passes_reads():
+    planted = "self.requests[r] = x\ndel self.requests[r]\nself.requests.pop(r)\nself.requests = {}\n"
+    assert request_table_writes(planted) == [1, 2, 3, 4]
+    assert request_table_writes("req = self.requests[r]\nok = r in self.requests\nn = len(self.requests)\n") == []

@@ -41,7 +41,7 @@ class BeamSearcher(Feature[BeamSearchParams]):
         self.eos_token_ids = setup.eos_token_ids
         self.max_model_len = setup.max_model_len
         self.kv: KVManager | None = None
-        self.requests: dict[str, tuple[Request, BeamState]] = {}  # the requests it serves, by id
+        self.searches: dict[str, tuple[Request, BeamState]] = {}  # the requests it serves, by id
 
     @classmethod
     def create(cls, setup: FeatureSetup) -> BeamSearcher:
@@ -76,18 +76,18 @@ class BeamSearcher(Feature[BeamSearchParams]):
                                  f"beam_width or max_tokens, or give the cache more memory")
 
     def add(self, req: Request, params: BeamSearchParams, max_tokens: int) -> None:
-        self.requests[req.request_id] = (req, BeamState.start(params, req.seqs[0], self.eos_token_ids, max_tokens))
+        self.searches[req.request_id] = (req, BeamState.start(params, req.seqs[0], self.eos_token_ids, max_tokens))
 
     def release(self, request_id: str) -> None:
-        self.requests.pop(request_id, None)
+        self.searches.pop(request_id, None)
 
     # -- each step -------------------------------------------------------------------------------
     def claims(self, entry: ScheduledSeq) -> bool:
-        return entry.seq.request_id in self.requests and entry.num_sample_rows > 0
+        return entry.seq.request_id in self.searches and entry.num_sample_rows > 0
 
     def process(self, claimed: list[tuple[ScheduledSeq, int]], logits: torch.Tensor, seqs: Sequences) -> None:
         """Each claimed beam offers its best tokens; requests whose beams have all offered decide the round."""
-        states = [self.requests[entry.seq.request_id][1] for entry, _ in claimed]
+        states = [self.searches[entry.seq.request_id][1] for entry, _ in claimed]
         scores = logits[[row for _, row in claimed]].float()
         scales = [s.params.scale or 1.0 for s in states]
         if any(x != 1.0 for x in scales):
@@ -101,7 +101,7 @@ class BeamSearcher(Feature[BeamSearchParams]):
             if states[i].ready:
                 ready[entry.seq.request_id] = entry.seq
         for seq in ready.values():
-            seqs.isolated(seq, self.advance, *self.requests[seq.request_id], seqs)
+            seqs.isolated(seq, self.advance, *self.searches[seq.request_id], seqs)
 
     def advance(self, req: Request, state: BeamState, seqs: Sequences) -> None:
         """One round of `req`: select, then fork, append and free on the sequences (or end the request)."""

@@ -1,5 +1,5 @@
 """The records every part of the engine shares, at the bottom of the package: a `Sequence` and its `Request`,
-one step's scheduled batch, the block copies it carries, the plug-in base and the stats the engine publishes.
+one step's scheduled batch, the block copies it carries and the plug-in base.
 
 Everything imports down to this package and it imports nothing above it, so the KV memory (kv/), the prefix
 caches (prefix/) and the engine (engine/) read the same records without reading each other. A feature keeps its
@@ -9,7 +9,6 @@ from .batch import BlockSwap, ScheduledSeq, SchedulerOutput
 from .plugin import EnginePlugin, Phase, Sequences, StepContext
 from .request import Request
 from .sequence import SamplingState, Sequence, SequenceStatus
-from .stats import EngineStats
 
-__all__ = ["BlockSwap", "EnginePlugin", "EngineStats", "Phase", "Request", "SamplingState", "ScheduledSeq",
+__all__ = ["BlockSwap", "EnginePlugin", "Phase", "Request", "SamplingState", "ScheduledSeq",
            "SchedulerOutput", "Sequence", "SequenceStatus", "Sequences", "StepContext"]

@@ -39,6 +39,7 @@ from .build import EngineParts, Feature, build_engine
 from .logits_processors import resolve_token_rules
 from .output_processor import OutputProcessor
 from .sequences import new_sequence
+from .stats import EngineStats, HostTierSnapshot, copy_of
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(MappingProxyType(self.requests), self.scheduler, self.tokenizer,
                                                 self.eos_token_ids, self.max_model_len, self.device)
         self.num_steps = 0
+        self._publish()
         self.startup_line = self._describe(parts)
         logger.info(self.startup_line)
 
@@ -72,10 +74,15 @@ class LLMEngine:
         if self.executor is not None:
             self.executor.shutdown()
 
+    @property
+    def display_name(self) -> str:
+        """What the model is called in the startup line and by the server's clients: the hub id, a GGUF
+        file's name, or a local folder's name (never an absolute path)."""
+        return self.gguf_file or (self.model_dir.name if Path(self.model_name).exists() else self.model_name)
+
     def _describe(self, parts: EngineParts) -> str:
         """One line on what was chosen and why: the dtype, and how many tokens of KV fit."""
-        name = self.gguf_file or (self.model_dir.name if Path(self.model_name).exists() else self.model_name)
-        line = f"{name}: {str(self.dtype).removeprefix('torch.')} ({parts.dtype_reason}) on {self.device}"
+        line = f"{self.display_name}: {str(self.dtype).removeprefix('torch.')} ({parts.dtype_reason}) on {self.device}"
         line += f", {self.model.weights_held}" if self.model.weights_held else ""
         if self.kv is None:
             return line + ", no KV cache"
@@ -199,6 +206,7 @@ class LLMEngine:
         start = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch.scheduled:
+            self._publish()
             return []
         step = StepContext(batch, self.runner, BlockSwap([], batch.copies, []), start)
         for plugin in self.plugins:  # by phase: the host tier's copies, then speculation's proposals
@@ -211,6 +219,7 @@ class LLMEngine:
             plugin.after_step(step)
         outputs = self.output_processor.step_outputs()
         self._retire([out.request_id for out in outputs if out.finished])
+        self._publish()
         return outputs
 
     def _retire(self, request_ids: list[str]) -> None:
@@ -219,6 +228,17 @@ class LLMEngine:
             del self.requests[request_id]
             for feature in self.serving.values():
                 feature.release(request_id)
+
+    def _publish(self) -> None:
+        """Swap in a new EngineStats for readers on other threads (stats.py): built whole, then assigned."""
+        kv, scheduler, tier = self.kv, self.scheduler, self.offloader
+        host = None if tier is None else HostTierSnapshot(
+            tier.tier.num_blocks, tier.tier.num_free_blocks, tier.tier.num_cached_blocks(), copy_of(tier.tier.stats),
+            tier.bytes_out, tier.bytes_in)
+        self.stats = EngineStats(
+            self.display_name, self.max_model_len, len(scheduler.running), len(scheduler.waiting), self.num_steps,
+            self.num_generated_tokens, self.runner.num_forward_tokens, kv.num_blocks if kv else 0,
+            kv.num_free_blocks if kv else 0, copy_of(self.prefix_cache.stats) if self.prefix_cache else None, host)
 
     # -- introspection -----------------------------------------------------------------------
     @property

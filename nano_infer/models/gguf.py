@@ -16,11 +16,15 @@ import struct
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .quant_formats import UNPACK
+
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType
 
 # metadata value types of fixed width (GGUF v2 / v3): u8 i8 u16 i16 u32 i32 f32 bool u64 i64 f64
 _WIDTH = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -33,7 +37,7 @@ class GGUFTensor:
     """One tensor of the file, unread until `data` is used: F32 and F16 as values in torch's order of
     dimensions, every other type as its bytes, one row of blocks per output row (as GGUFReader gives them)."""
     name: str
-    tensor_type: object  # gguf.GGMLQuantizationType
+    tensor_type: GGMLQuantizationType
     shape: tuple[int, ...]  # its elements, in torch's order
     data: np.ndarray
 

@@ -33,11 +33,11 @@ The pieces (a request meets the first five in this order):
     runner.py   uvicorn around the app: blocking (`nano-infer serve`) or on a thread; stops on a dead engine
     limits.py   ServerLimits: every bound above, with its default
 """
-from .app import build_app, public_model_name
+from .app import build_app
 from .errors import APIError
 from .guard import LOCAL_HOSTS, allowed_hosts_for
 from .limits import MAX_BODY_BYTES, ServerLimits
 from .runner import BackgroundServer, run_server
 
 __all__ = ["APIError", "BackgroundServer", "LOCAL_HOSTS", "MAX_BODY_BYTES", "ServerLimits", "allowed_hosts_for", "build_app",
-           "public_model_name", "run_server"]
+           "run_server"]

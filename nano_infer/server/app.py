@@ -20,7 +20,6 @@ import functools
 import time
 import uuid
 from dataclasses import replace
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
@@ -50,28 +49,19 @@ WORK_BACKLOG = 1024  # bodies and reply slices one tenant may have queued (a req
 WORK_DUTY = 0.5  # a tenant keeps a worker busy at most half the time: the engine thread needs the GIL too
 
 
-def public_model_name(llm: AsyncLLM) -> str:
-    """What clients call the model: the hub id, a GGUF file's name, or a local folder's name (never an
-    absolute path); `--served-model-name` overrides it, as in vLLM."""
-    name, engine = llm.engine.config.model, llm.engine
-    if engine.gguf_file:
-        return Path(engine.gguf_file).name
-    return Path(engine.model_dir).name if name is None or Path(name).exists() else name
-
-
 def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str | tuple[str, ...] | None = None,
               allowed_hosts: tuple[str, ...] | None = None, limits: ServerLimits = ServerLimits(),
               drain: Drain | None = None) -> FastAPI:
     """The FastAPI app. `api_key`: one key, or several (a tenant each). `allowed_hosts=None` accepts any
     Host header (a server bound to all interfaces behind its own proxy); run_server and BackgroundServer
     pass LOCAL_HOSTS when bound to localhost, and a Drain they set when the server is told to stop."""
-    model_name = served_model_name or public_model_name(llm)
+    model_name = served_model_name or llm.stats.model_name  # `--served-model-name` overrides it, as in vLLM
     app = FastAPI(title="nano_infer", docs_url=None, redoc_url=None, openapi_url=None,
                   exception_handlers=EXCEPTION_HANDLERS)
     keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
     app.add_middleware(_Guard, allowed_hosts=allowed_hosts, limits=limits,
                        tenants=Tenants(keys, limits), drain=drain or Drain())
-    app.state.metrics = EngineMetrics(llm.engine, model_name)  # errors.py counts the 500s on it
+    app.state.metrics = EngineMetrics(lambda: llm.stats, model_name)  # errors.py counts the 500s on it
     _add_probes(app, llm, app.state.metrics)
     work = FairQueue(SERVER_WORKERS, WORK_BACKLOG, "server", duty=WORK_DUTY)  # bodies parsed, replies rendered
     _add_api(app, llm, model_name, BodyParser(limits, work), work)
@@ -100,18 +90,18 @@ def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, parser: BodyParser, w
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "nano_infer", "max_model_len": llm.engine.max_model_len}]}
+                                            "owned_by": "nano_infer", "max_model_len": llm.stats.max_model_len}]}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parser.parse(request, CompletionBody)
-        prompts, params = _completion_request(body, model_name, llm.engine.max_model_len)
+        prompts, params = _completion_request(body, model_name, llm.stats.max_model_len)
         return await _generate(llm, work, request, body, prompts, params, model_name, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await parser.parse(request, ChatBody)
-        messages, params = _chat_request(body, model_name, llm.engine.max_model_len)
+        messages, params = _chat_request(body, model_name, llm.stats.max_model_len)
         return await _generate(llm, work, request, body, [messages], params, model_name, chat=True)
 
 

@@ -17,15 +17,18 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+Message = TypeVar("Message")
 
 
 @dataclass(order=True)
-class Pending:
+class Pending(Generic[Message]):
     priority: int
     arrival: int
     tenant: str = field(compare=False)
     seqs: int = field(compare=False)  # sequences it will run (its n)
-    message: object = field(compare=False)  # what AsyncLLM adds to the engine (an AddRequest)
+    message: Message = field(compare=False)  # what AsyncLLM adds to the engine (an AddRequest)
     cancelled: bool = field(default=False, compare=False)  # aborted, or done with the engine
     admitted: bool = field(default=False, compare=False)
 

@@ -52,6 +52,7 @@ from .chat_limits import check_prompt_size, tokens_per_message
 from .fair_queue import FairQueue
 from .inbox import AbortRequest, AddRequest, Shutdown
 from ..engine.llm_engine import LLMEngine
+from ..engine.stats import EngineStats
 from ..llm import LLM
 from .streams import Deltas, Stream
 from ..outputs import RequestOutput
@@ -90,6 +91,12 @@ class AsyncLLM:
         self._thread.start()
 
     apply_chat_template = LLM.apply_chat_template  # the same template code as the sync API
+
+    @property
+    def stats(self) -> EngineStats:
+        """The engine's record of its last step (what it runs, its limits, its caches), safe to read from any
+        thread: the engine swaps in a new one after each step and never changes one it published."""
+        return self.engine.stats
 
     @property
     def is_running(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..constrained.token_index import TokenIndex
 from ..sampling_params import SamplingParams
 from .streams import Stream
 
@@ -21,7 +22,7 @@ class AddRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     stream_outputs: bool  # an output every step, or only the last (LLMEngine.add_request's `stream`)
-    constraint_index: object = None  # a constrained request's compiled token index
+    constraint_index: TokenIndex | None = None  # a constrained request's compiled token index
 
 
 @dataclass

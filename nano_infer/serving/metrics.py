@@ -1,21 +1,26 @@
-"""Prometheus metrics of a running engine, read from it at scrape time (GET /metrics).
+"""Prometheus metrics of a running engine, read at scrape time (GET /metrics).
 
 The names follow vLLM's (with a `nano_infer_` prefix), so an operator's dashboards carry over.
-Nothing is counted twice: gauges and counters are read from the engine's own state when
-Prometheus scrapes, through a custom collector, instead of being updated on the engine thread.
+Nothing is counted twice: gauges and counters are read, when Prometheus scrapes, from the
+`EngineStats` the engine published after its last step (engine/stats.py), through a custom
+collector: never from the engine's own objects, which its thread is changing.
 Token throughput is a counter; Prometheus turns it into tokens/s:
 `rate(nano_infer_generation_tokens_total[1m])`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ..engine.stats import EngineStats, HostTierSnapshot
+
 
 class EngineMetrics:
-    def __init__(self, engine, model_name: str):
-        self.engine, self.model_name = engine, model_name
+    def __init__(self, stats: Callable[[], EngineStats], model_name: str):
+        self.stats, self.model_name = stats, model_name  # the engine's latest published EngineStats
         self.internal_errors = 0  # requests answered 500 by the server (errors.py), each a bug to look up in the log
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -24,8 +29,8 @@ class EngineMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     def collect(self):
-        """Called by prometheus_client on each scrape (on the server's thread; it only reads)."""
-        engine, labels = self.engine, {"model_name": self.model_name}
+        """Called by prometheus_client on each scrape, on the server's thread: it reads one published record."""
+        stats, labels = self.stats(), {"model_name": self.model_name}
 
         def gauge(name, doc, value):
             g = GaugeMetricFamily(f"nano_infer_{name}", doc, labels=list(labels))
@@ -37,49 +42,46 @@ class EngineMetrics:
             c.add_metric(list(labels.values()), value)
             return c
 
-        scheduler = engine.scheduler
-        yield gauge("num_requests_running", "Sequences in the running batch.", len(scheduler.running))
-        yield gauge("num_requests_waiting", "Sequences waiting to be admitted.", len(scheduler.waiting))
-        kv = engine.kv
-        if kv is not None:
-            free = kv.num_free_blocks
-            yield gauge("kv_blocks_total", "KV cache blocks in the pool.", kv.num_blocks)
+        yield gauge("num_requests_running", "Sequences in the running batch.", stats.num_running)
+        yield gauge("num_requests_waiting", "Sequences waiting to be admitted.", stats.num_waiting)
+        if stats.num_kv_blocks:
+            total, free = stats.num_kv_blocks, stats.num_free_kv_blocks
+            yield gauge("kv_blocks_total", "KV cache blocks in the pool.", total)
             yield gauge("kv_blocks_free", "KV cache blocks on the free list.", free)
-            yield gauge("kv_blocks_used", "KV cache blocks held by sequences or the prefix cache.", kv.num_blocks - free)
-            yield gauge("kv_cache_usage_perc", "Fraction of the KV cache blocks in use.", (kv.num_blocks - free) / kv.num_blocks)
-        if engine.prefix_cache is not None:
-            stats = engine.prefix_cache.stats
-            yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.query_tokens)
-            yield counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", stats.hit_tokens)
-            yield gauge("prefix_cache_hit_rate", "Hits / queries since the start.", stats.hit_rate)
-        tier = engine.offloader.tier if engine.offloader is not None else None
-        if tier is not None:
-            hits = engine.prefix_cache.stats.hit_tokens if engine.prefix_cache is not None else 0
+            yield gauge("kv_blocks_used", "KV cache blocks held by sequences or the prefix cache.", total - free)
+            yield gauge("kv_cache_usage_perc", "Fraction of the KV cache blocks in use.", stats.kv_usage)
+        prefix = stats.prefix_cache
+        if prefix is not None:
+            yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", prefix.query_tokens)
+            yield counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", prefix.hit_tokens)
+            yield gauge("prefix_cache_hit_rate", "Hits / queries since the start.", prefix.hit_rate)
+        if stats.host_tier is not None:
+            hits = prefix.hit_tokens if prefix is not None else 0
             yield counter("kv_device_hits", "Prompt tokens served from the device tier (of prefix_cache_hits).",
-                          hits - tier.stats.hit_tokens)
-            yield from self._tier(tier, engine.offloader, gauge, counter)
+                          hits - stats.host_tier.stats.hit_tokens)
+            yield from self._tier(stats.host_tier, gauge, counter)
         yield counter("forward_tokens", "Tokens computed by the model (prompt chunks and decode inputs).",
-                      engine.runner.num_forward_tokens)
-        yield counter("generation_tokens", "Tokens generated.", engine.num_generated_tokens)
-        yield counter("num_steps", "Engine steps run.", engine.num_steps)
+                      stats.num_forward_tokens)
+        yield counter("generation_tokens", "Tokens generated.", stats.num_generated_tokens)
+        yield counter("num_steps", "Engine steps run.", stats.num_steps)
         yield counter("server_internal_errors", "Requests answered 500 (internal error, in the server log).",
                       self.internal_errors)
 
     @staticmethod
-    def _tier(tier, offloader, gauge, counter):
+    def _tier(tier: HostTierSnapshot, gauge, counter):
         """The host tier (chapter 12): its blocks, hits, and what moved each way."""
         stats = tier.stats
         yield gauge("kv_host_blocks_total", "Blocks of the host KV tier.", tier.num_blocks)
         yield gauge("kv_host_blocks_free", "Host tier blocks on its free list.", tier.num_free_blocks)
-        yield gauge("kv_host_blocks_cached", "Host tier blocks holding an offloaded prefix block.", tier.num_cached_blocks())
+        yield gauge("kv_host_blocks_cached", "Host tier blocks holding an offloaded prefix block.", tier.num_cached_blocks)
         yield counter("kv_host_hits", "Prompt tokens served from the host tier (of prefix_cache_hits).", stats.hit_tokens)
         yield counter("kv_offload_blocks", "Evicted prefix blocks copied device -> host.", stats.offloaded_blocks)
         yield counter("kv_load_blocks", "Prefix blocks copied host -> device for a match.", stats.loaded_blocks)
         yield counter("kv_swap_out_blocks", "Blocks of preempted sequences copied device -> host.", stats.swapped_out_blocks)
         yield counter("kv_swap_in_blocks", "Blocks of preempted sequences copied host -> device.", stats.swapped_in_blocks)
         yield counter("kv_host_dropped_blocks", "Evicted blocks the host tier could not keep.", stats.dropped_blocks)
-        yield counter("kv_bytes_to_host", "Bytes copied device -> host.", offloader.bytes_out)
-        yield counter("kv_bytes_to_device", "Bytes copied host -> device.", offloader.bytes_in)
+        yield counter("kv_bytes_to_host", "Bytes copied device -> host.", tier.bytes_to_host)
+        yield counter("kv_bytes_to_device", "Bytes copied host -> device.", tier.bytes_to_device)
         yield counter("num_preemptions_swap", "Preemptions that swapped the sequence out.", stats.swap_preemptions)
         yield counter("num_preemptions_recompute", "Preemptions that dropped the K/V to recompute it (host tier on).",
                       stats.recompute_preemptions)

@@ -22,7 +22,7 @@ class Stream:
 
     request_id: str
     loop: asyncio.AbstractEventLoop
-    newest: object = None  # a RequestOutput or an exception, not yet taken
+    newest: RequestOutput | BaseException | None = None  # not yet taken
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     pending: Pending | None = None  # its place in Admission; engine thread only
 

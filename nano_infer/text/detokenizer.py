@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import codecs
 import functools
+from typing import TYPE_CHECKING
 
 from .byte_level import gpt2_unicode_to_byte, is_byte_level
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-_TABLES: dict[int, tuple[object, list[bytes], set[int]]] = {}
+
+_TABLES: dict[int, tuple[PreTrainedTokenizerBase, list[bytes], set[int]]] = {}
 
 
 def token_bytes_table(tokenizer) -> tuple[list[bytes], set[int]]:

@@ -74,7 +74,7 @@ def record_beam_search(engine, request_id: str, params, prompt_token_ids: list[i
     log = engine.kv.blocks.log
     engine.add_request(request_id, prompt_token_ids=prompt_token_ids, params=params)
     req = engine.requests[request_id]
-    _, state = engine.plugin(BeamSearcher).requests[request_id]
+    _, state = engine.plugin(BeamSearcher).searches[request_id]
     n = len(prompt_token_ids)
     rounds: list[BeamRound] = []
     before = {tuple(req.seqs[0].token_ids): req.seqs[0].seq_id}  # live beams' tokens -> seq_id

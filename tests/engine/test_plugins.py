@@ -33,14 +33,14 @@ def test_a_plain_engine_has_only_the_beam_searcher_which_keeps_only_live_beam_re
     assert engine.plugins == engine.claimers == [searcher] and engine.plugin(SpeculativeDecoder) is None
     assert engine.serving == {BeamSearchParams: searcher}
     llm.generate(["Hello"], SamplingParams(max_tokens=2))
-    assert searcher.requests == {}
+    assert searcher.searches == {}
     llm.beam_search([{"prompt": "Hello"}], BeamSearchParams(beam_width=2, max_tokens=2))
-    assert searcher.requests == {} and engine.requests == {}
+    assert searcher.searches == {} and engine.requests == {}
     engine.add_request("b", "Hello", BeamSearchParams(beam_width=2, max_tokens=4))
     engine.step()
-    assert list(searcher.requests) == ["b"]
+    assert list(searcher.searches) == ["b"]
     engine.abort_request("b")
-    assert searcher.requests == {} and engine.requests == {}
+    assert searcher.searches == {} and engine.requests == {}
 
 
 def test_params_no_feature_serves_are_refused():

@@ -63,7 +63,7 @@ def test_engine_metrics_report_the_tier(qwen2_dir):
     for _ in range(2):
         llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)
     engine, stats = llm.engine, llm.engine.kv.tier.stats
-    values = metric_values(EngineMetrics(engine, "m").render()[0].decode())
+    values = metric_values(EngineMetrics(lambda: engine.stats, "m").render()[0].decode())
     block_bytes = engine.kv_bytes_per_token * BS
     assert values["nano_infer_kv_host_blocks_total"] == engine.kv.tier.num_blocks
     assert values["nano_infer_kv_host_hits_total"] == stats.hit_tokens > 0
@@ -79,7 +79,7 @@ def test_engine_metrics_report_the_tier(qwen2_dir):
 def test_engine_metrics_without_a_tier_have_no_tier_lines(qwen2_dir):
     llm = LLM(str(qwen2_dir), dtype="float32", block_size=BS, num_kv_blocks=24)
     llm.generate(prompt_token_ids=prompts(2, 8, seed=4), sampling_params=GREEDY)
-    text = EngineMetrics(llm.engine, "m").render()[0].decode()
+    text = EngineMetrics(lambda: llm.engine.stats, "m").render()[0].decode()
     assert "nano_infer_kv_blocks_total" in text and "kv_host" not in text and "kv_offload" not in text
 
 

@@ -50,7 +50,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def model(allm):
-    name = nano_infer.server.public_model_name(allm)
+    name = allm.stats.model_name
     assert "/" not in name  # a folder's name, never its absolute path
     return name
 
@@ -334,5 +334,5 @@ def test_a_gguf_file_is_served_under_its_own_name(tmp_path):
 
     (tmp_path / "SmolLM2-135M-Instruct-Q4_1.gguf").write_bytes(b"")
     for model in (str(tmp_path / "SmolLM2-135M-Instruct-Q4_1.gguf"), str(tmp_path)):
-        engine = NS(config=NS(model=model), model_dir=tmp_path, gguf_file="SmolLM2-135M-Instruct-Q4_1.gguf")
-        assert nano_infer.server.public_model_name(NS(engine=engine)) == "SmolLM2-135M-Instruct-Q4_1.gguf"
+        engine = NS(model_name=model, model_dir=tmp_path, gguf_file="SmolLM2-135M-Instruct-Q4_1.gguf")
+        assert nano_infer.LLMEngine.display_name.fget(engine) == "SmolLM2-135M-Instruct-Q4_1.gguf"
