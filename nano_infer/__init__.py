@@ -14,7 +14,7 @@ if not _logger.handlers:
     _logger.propagate = False
 
 from . import beam, spec  # noqa: F401 - their features register with the engine when imported
-from .serving.async_llm import AsyncLLM
+from .async_engine.async_llm import AsyncLLM
 from .beam.params import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from .config import EngineConfig
 from .engine.llm_engine import LLMEngine

@@ -109,7 +109,7 @@ def test_the_top_level_is_the_public_api_and_every_part_is_a_folder():
     """A newcomer sees LLM, SamplingParams, outputs and config first; the engine's parts are folders."""
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= 8, top
-    assert {"engine", "models", "kv", "prefix", "serving", "server", "text", "cli"} <= {
+    assert {"core", "engine", "models", "kv", "prefix", "async_engine", "api_server", "text", "cli"} <= {
         p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
 
 
@@ -133,8 +133,8 @@ LAYERS = [
     {"engine"},
     {"beam", "spec"},  # features: register with the engine, never named by it
     {"llm"},
-    {"serving"},
-    {"server"},
+    {"async_engine"},  # the engine on a thread of its own: admission, tenants, streams, metrics
+    {"api_server"},  # the OpenAI-compatible HTTP app
     {"cli", "__main__", "nano_infer", "bench", "viz", "exercises"},  # tools and entry points
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}

@@ -16,10 +16,10 @@ from multiprocessing import forkserver
 
 from .engine_args import add_engine_args, engine_kwargs
 from ..constrained.limits import ConstraintLimits
-from ..server.protocol import JSON_OBJECT
+from ..api_server.protocol import JSON_OBJECT
 from ..sampling_params import SamplingParams
-from ..server.limits import ServerLimits
-from ..serving.async_llm import TOKENIZE_BACKLOG
+from ..api_server.limits import ServerLimits
+from ..async_engine.async_llm import TOKENIZE_BACKLOG
 
 DEFAULTS = ServerLimits()
 
@@ -74,9 +74,9 @@ def _precompile_json_object(llm) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from ..serving.async_llm import AsyncLLM
-    from ..server import run_server
-    from ..server.runner import bound_socket
+    from ..async_engine.async_llm import AsyncLLM
+    from ..api_server import run_server
+    from ..api_server.runner import bound_socket
 
     try:
         sock = bound_socket(args.host, args.port)

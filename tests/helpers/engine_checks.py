@@ -33,8 +33,8 @@ def record_aborts(monkeypatch, engine) -> list:
 @contextlib.contextmanager
 def serving(model_dir, **options):
     """An AsyncLLM on `model_dir` behind a BackgroundServer on a free port; both stopped after."""
-    from nano_infer.serving.async_llm import AsyncLLM
-    from nano_infer.server import BackgroundServer
+    from nano_infer.async_engine.async_llm import AsyncLLM
+    from nano_infer.api_server import BackgroundServer
 
     llm = AsyncLLM(str(model_dir), dtype="float32", block_size=4, **options)
     server = BackgroundServer(llm)

@@ -6,7 +6,7 @@ import httpx
 
 from nano_infer import LLM, SamplingParams
 from nano_infer.cli.engine_args import add_engine_args, engine_kwargs
-from nano_infer.serving.metrics import EngineMetrics
+from nano_infer.async_engine.metrics import EngineMetrics
 from tests.helpers.engine_checks import serving
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)

@@ -1,6 +1,6 @@
 """Deltas: what a stream sends of each cumulative output, holding back text a stop string may still claim."""
 from nano_infer import CompletionOutput, RequestOutput, SamplingParams
-from nano_infer.serving.streams import Deltas
+from nano_infer.async_engine.streams import Deltas
 
 
 def test_deltas_hold_back_a_possible_stop_string():

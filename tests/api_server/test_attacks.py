@@ -28,8 +28,8 @@ import pytest
 from nano_infer import SamplingParams
 from nano_infer.constrained import ConstraintLimits
 from nano_infer.outputs import RequestOutput
-from nano_infer.server.protocol import JSON_OBJECT
-from nano_infer.server import BackgroundServer, ServerLimits
+from nano_infer.api_server.protocol import JSON_OBJECT
+from nano_infer.api_server import BackgroundServer, ServerLimits
 from tests.helpers.engine_checks import assert_idle_and_blocks_free, free_port, serving, wait_until_serving
 
 pytestmark = pytest.mark.slow  # live servers under load, one per fixture, and processes killed on purpose
@@ -245,7 +245,7 @@ ROUND2_LIMITS = ServerLimits(request_timeout=1.5, max_connections_per_peer=32, m
 @pytest.fixture(scope="module")
 def tenants(qwen2_dir):
     """A server with two API keys (two tenants), 16 sequences per step, small connection limits."""
-    from nano_infer.serving.async_llm import AsyncLLM
+    from nano_infer.async_engine.async_llm import AsyncLLM
 
     llm = AsyncLLM(str(qwen2_dir), dtype="float32", block_size=4, max_num_seqs=16,
                    constraint_limits=ConstraintLimits(timeout=COMPILE_TIMEOUT))
@@ -451,7 +451,7 @@ def test_8_a_chat_of_many_empty_messages_is_refused_by_counting(tenants):
 
 
 def test_9_a_dead_tensor_parallel_worker_fails_health_and_stops_the_server(qwen2_dir):
-    from nano_infer.serving.async_llm import AsyncLLM
+    from nano_infer.async_engine.async_llm import AsyncLLM
 
     llm = AsyncLLM(str(qwen2_dir), dtype="float32", tensor_parallel_size=2, distributed_timeout=30)
     server = BackgroundServer(llm)
@@ -660,7 +660,7 @@ def wide_vocab_tenants(tmp_path_factory, tokenizer):
     """Two tenants on a model with Qwen2.5's vocabulary size (152,064 rows, of which the tokenizer's 451 are
     real, the rest zero as a checkpoint's padding rows: never the likeliest), so a scored prompt row costs
     what it costs on the real model: a log_softmax over 152,064 logits."""
-    from nano_infer.serving.async_llm import AsyncLLM
+    from nano_infer.async_engine.async_llm import AsyncLLM
     from tests.helpers.model_factory import MODEL_CLASSES, hf_config
 
     import torch
@@ -716,7 +716,7 @@ def test_20_bodies_that_passed_validation_and_failed_inside_get_a_4xx(tenants, m
 
 def test_21_a_crash_in_a_handler_is_a_json_500_counted_on_metrics(tenants, monkeypatch):
     llm, server = tenants
-    import nano_infer.server.app as app_module
+    import nano_infer.api_server.app as app_module
 
     def crash(*args):
         raise RuntimeError("/secret/internal/path")
@@ -742,7 +742,7 @@ def test_22_one_authorization_header_compared_exactly_and_tenants_by_network(ten
     for header, status in ((f"Bearer  {VICTIM}", 401), (f"Bearer {VICTIM}x", 401), (f"Bearer {VICTIM[:-1]}", 401),
                            (f"BEARER {VICTIM}", 200)):
         assert httpx.post(url, json=chat(), headers={"authorization": header}).status_code == status, header
-    from nano_infer.server.tenants import Tenants
+    from nano_infer.api_server.tenants import Tenants
 
     by_address = Tenants((), ServerLimits())
     name = lambda address: by_address.identify([], (address, 1234))  # noqa: E731

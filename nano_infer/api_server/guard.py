@@ -34,7 +34,7 @@ from .errors import APIError
 from .limits import ServerLimits
 from .tenants import Tenants
 
-log = logging.getLogger("nano_infer.server")
+log = logging.getLogger("nano_infer.api_server")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 _HOST = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[^:\[\]/@\s]+))(?::\d{1,5})?")
 

@@ -10,7 +10,7 @@ logged, as vLLM does.
 Every list is capped (`Capped`) and checked with fail_fast: pydantic would otherwise validate, and
 report, each of a million wrong items before the 400.
 
-How a body becomes SamplingParams is server/sampling.py.
+How a body becomes SamplingParams is api_server/sampling.py.
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ class _GenerateBody(_Body):
     guided_choice: Capped(StrictStr, MAX_CHOICE_OPTIONS) | None = None
     guided_decoding_backend: StrictStr | None = None  # one backend here: any name picks it
     structured_outputs: StructuredOutputs | None = None
-    # vLLM's beam search (server/beam.py): n beams, the n best hypotheses as the choices, not streamed
+    # vLLM's beam search (api_server/beam.py): n beams, the n best hypotheses as the choices, not streamed
     use_beam_search: StrictBool = False
     length_penalty: Number = 1.0
     early_stopping: StrictBool | Literal["never"] = False

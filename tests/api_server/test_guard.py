@@ -7,9 +7,9 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from nano_infer.server.guard import Drain, _Guard
-from nano_infer.server.limits import ServerLimits
-from nano_infer.server.tenants import Tenants
+from nano_infer.api_server.guard import Drain, _Guard
+from nano_infer.api_server.limits import ServerLimits
+from nano_infer.api_server.tenants import Tenants
 
 
 def guarded_app(drain: Drain) -> Starlette:

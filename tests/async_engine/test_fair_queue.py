@@ -1,13 +1,13 @@
 """FairQueue: each tenant's work queued apart, served by least worker time used, bounded, paced.
 
-Through the server: attack tests 17 (tokenizing), 5 (parsing) and 3 (rendering) in tests/server/test_attacks.py."""
+Through the server: attack tests 17 (tokenizing), 5 (parsing) and 3 (rendering) in tests/api_server/test_attacks.py."""
 import asyncio
 import threading
 import time
 
 import pytest
 
-from nano_infer.serving.fair_queue import FairQueue, TenantBacklogFull
+from nano_infer.async_engine.fair_queue import FairQueue, TenantBacklogFull
 
 
 def test_a_tenant_arriving_behind_a_backlog_waits_for_one_item_not_all():

@@ -65,7 +65,7 @@ def test_what_the_server_does_not_do_is_refused_by_name(client, model, extra, pa
 
 
 def test_neutral_values_and_fields_that_change_nothing_are_accepted(client, model, caplog):
-    with caplog.at_level("INFO", logger="nano_infer.server.sampling"):
+    with caplog.at_level("INFO", logger="nano_infer.api_server.sampling"):
         reply = client.chat.completions.create(
             model=model, messages=CHAT, max_tokens=3, frequency_penalty=0, presence_penalty=0, logit_bias={}, user="u1",
             tools=[], tool_choice="none", store=False, metadata={"k": "v"}, service_tier="auto",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nano_infer import LLM, SamplingParams
-from nano_infer.server.protocol import MAX_CHOICES
+from nano_infer.api_server.protocol import MAX_CHOICES
 from tests.helpers.engine_checks import assert_idle_and_blocks_free, record_aborts, serving
 from tests.helpers.model_factory import hf_model
 

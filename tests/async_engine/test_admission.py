@@ -1,11 +1,11 @@
 """Admission: requests held per tenant within a fair share of the batch, and let in as seats free up.
 
 A flood from one tenant against another's first token, through the server, is attack 7 in
-tests/server/test_attacks.py."""
+tests/api_server/test_attacks.py."""
 import asyncio
 
 from nano_infer import SamplingParams
-from nano_infer.serving.async_llm import AsyncLLM
+from nano_infer.async_engine.async_llm import AsyncLLM
 from tests.helpers.engine_checks import assert_idle_and_blocks_free
 
 

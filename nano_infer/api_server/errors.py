@@ -13,7 +13,7 @@ import uuid
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-log = logging.getLogger("nano_infer.server")
+log = logging.getLogger("nano_infer.api_server")
 
 
 class APIError(Exception):

@@ -47,17 +47,16 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 
+from ..engine.llm_engine import LLMEngine
+from ..engine.stats import EngineStats
+from ..llm import LLM
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
 from .admission import Admission
 from .chat_limits import check_prompt_size, tokens_per_message
 from .fair_queue import FairQueue
 from .inbox import AbortRequest, AddRequest, Shutdown
-from ..engine.llm_engine import LLMEngine
-from ..engine.stats import EngineStats
-from ..llm import LLM
 from .streams import Deltas, Stream
-from ..outputs import RequestOutput
-from ..sampling_params import SamplingParams
-
 
 TOKENIZE_BACKLOG = 1024  # prompts one tenant may have waiting for the tokenizer (a full request holds 256)
 
@@ -94,8 +93,7 @@ class AsyncLLM:
 
     @property
     def stats(self) -> EngineStats:
-        """The engine's record of its last step (what it runs, its limits, its caches), safe to read from any
-        thread: the engine swaps in a new one after each step and never changes one it published."""
+        """The engine's record of its last step, safe from any thread: a new one per step, never changed."""
         return self.engine.stats
 
     @property

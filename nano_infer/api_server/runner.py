@@ -27,13 +27,13 @@ import time
 
 import uvicorn
 
-from ..serving.async_llm import AsyncLLM
+from ..async_engine.async_llm import AsyncLLM
 from .app import build_app
 from .connections import protocol_class
 from .guard import Drain, allowed_hosts_for
 from .limits import ServerLimits
 
-log = logging.getLogger("nano_infer.server")
+log = logging.getLogger("nano_infer.api_server")
 WATCH_S = 0.5  # how often the watchdog asks the engine whether it can still serve
 BACKSTOP_S = 5  # uvicorn cancels what is left this long after the drain's deadline
 SPARE_FDS = 64  # descriptors kept for the model's files, the compile workers' pipes, the log

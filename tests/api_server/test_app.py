@@ -10,14 +10,14 @@ import openai
 import pytest
 
 import nano_infer.engine.output_processor
-import nano_infer.server
+import nano_infer.api_server
 from nano_infer import LLM, SamplingParams
-from nano_infer.serving.async_llm import AsyncLLM
+from nano_infer.async_engine.async_llm import AsyncLLM
 from nano_infer.text.byte_level import gpt2_unicode_to_byte
 from nano_infer.constrained import ByteDFA, json_schema_to_regex
-from nano_infer.server import BackgroundServer
-from nano_infer.server.app import sampling_params_from
-from nano_infer.server.protocol import CompletionBody
+from nano_infer.api_server import BackgroundServer
+from nano_infer.api_server.app import sampling_params_from
+from nano_infer.api_server.protocol import CompletionBody
 from tests.helpers.engine_checks import assert_idle_and_blocks_free, record_aborts
 
 CHAT = [{"role": "user", "content": "To be, or not to be?"}]
@@ -313,7 +313,7 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
         seen.update(llm=llm, block_size=llm.engine.kv.block_size, max_num_seqs=llm.engine.scheduler.max_num_seqs)
         return True  # run_server's answer: it stopped for a signal, not for a dead engine
 
-    monkeypatch.setattr(nano_infer.server, "run_server", serve_briefly)
+    monkeypatch.setattr(nano_infer.api_server, "run_server", serve_briefly)
     monkeypatch.setenv("NANO_INFER_API_KEY", "secret")
     assert main(["serve", "--model", str(qwen2_dir), "--port", "0", "--served-model-name", "tiny",
                  "--block-size", "8", "--max-num-seqs", "5", "--allowed-host", "box.lan", "--max-request-bytes", "1000",

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from nano_infer import LLM, SamplingParams
-from nano_infer.serving.async_llm import AsyncLLM
+from nano_infer.async_engine.async_llm import AsyncLLM
 from tests.helpers.engine_checks import assert_idle_and_blocks_free, record_aborts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

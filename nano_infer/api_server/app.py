@@ -24,12 +24,12 @@ from dataclasses import replace
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..serving.async_llm import AsyncLLM, EngineUnavailable
+from ..async_engine.async_llm import AsyncLLM, EngineUnavailable
 from ..beam import BeamSearchParams
 from .beam import beam_search_params
 from ..constrained.compile_pool import CompilePoolBusy, TenantCompilesBusy
-from ..serving.fair_queue import FairQueue, TenantBacklogFull
-from ..serving.metrics import EngineMetrics
+from ..async_engine.fair_queue import FairQueue, TenantBacklogFull
+from ..async_engine.metrics import EngineMetrics
 from .protocol import (ChatBody, CompletionBody, ContentPart, ProtocolError, check_reply_size, completion_prompts,
                         max_prompt_tokens)
 from .sampling import sampling_params

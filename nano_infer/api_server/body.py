@@ -15,7 +15,7 @@ import json
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from ..serving.fair_queue import FairQueue, TenantBacklogFull
+from ..async_engine.fair_queue import FairQueue, TenantBacklogFull
 from .errors import APIError, invalid_field
 from .limits import ServerLimits
 

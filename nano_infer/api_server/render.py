@@ -25,7 +25,7 @@ from ..outputs import CompletionOutput
 from .errors import APIError
 from .tools import ToolPlan, ToolStream
 
-log = logging.getLogger("nano_infer.server")
+log = logging.getLogger("nano_infer.api_server")
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

@@ -7,7 +7,7 @@ import jsonschema
 import openai
 import pytest
 
-from nano_infer.server.tools import ToolPlan, ToolStream
+from nano_infer.api_server.tools import ToolPlan, ToolStream
 from tests.helpers.engine_checks import serving
 
 WEATHER = {"type": "function", "function": {
@@ -151,8 +151,8 @@ def test_tools_and_earlier_calls_reach_the_chat_template(tokenizer):
     from types import SimpleNamespace
 
     from nano_infer import LLM
-    from nano_infer.server.protocol import ChatBody
-    from nano_infer.server.tools import chat_messages
+    from nano_infer.api_server.protocol import ChatBody
+    from nano_infer.api_server.tools import chat_messages
 
     tok = deepcopy(tokenizer)
     tok.chat_template = ("{% for t in tools or [] %}[tool {{ t.function.name }}]{% endfor %}{% for m in messages %}"
