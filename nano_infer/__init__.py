@@ -1,4 +1,4 @@
-"""nano_infer: an LLM inference engine built stage by stage, small enough to read."""
+"""nano_infer: an LLM inference engine built chapter by chapter, small enough to read."""
 import logging
 import sys
 

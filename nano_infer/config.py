@@ -55,7 +55,7 @@ class EngineConfig:
     distributed_timeout: float = 300.0  # seconds a step (or start-up) waits for a rank before it fails
     speculative_config: dict | None = None  # {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}
     constraint_limits: ConstraintLimits | None = None  # None: its defaults
-    # stage 12: GiB of host memory for a second KV tier (vLLM's knob; summed over tensor-parallel ranks); 0: off
+    # chapter 12: GiB of host memory for a second KV tier (vLLM's knob; summed over tensor-parallel ranks); 0: off
     kv_offloading_size: float = 0
     kv_offloading_backend: str = "native"  # vLLM's knob: "native" is the only one here
     # how preemption frees blocks: "recompute" (drop, prefill again), "swap" (copy to the host tier and
@@ -137,7 +137,7 @@ class EngineConfig:
                         "nano_infer's own Llama-family forward")
 
     def _check_offloading(self) -> None:
-        """The host tier (stage 12) and the preemption mode that can use it."""
+        """The host tier (chapter 12) and the preemption mode that can use it."""
         size = self.kv_offloading_size
         if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 <= size < float("inf"):
             raise ValueError(f"kv_offloading_size={size!r} must be a number of GiB >= 0 (0: no host tier)")

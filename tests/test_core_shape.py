@@ -253,3 +253,34 @@ def test_the_writer_check_finds_planted_writes_and_passes_reads():
     planted = "self.requests[r] = x\ndel self.requests[r]\nself.requests.pop(r)\nself.requests = {}\n"
     assert request_table_writes(planted) == [1, 2, 3, 4]
     assert request_table_writes("req = self.requests[r]\nok = r in self.requests\nn = len(self.requests)\n") == []
+
+
+# -- one construction path -----------------------------------------------------------------------------------
+def names_bound_twice(source: str, function: str) -> set[str]:
+    """Local names `function` binds more than once (assignment, walrus, loop or with target)."""
+    (func,) = [f for f in ast.walk(ast.parse(source)) if isinstance(f, ast.FunctionDef) and f.name == function]
+    seen, twice = set(), set()
+    for node in ast.walk(func):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr, ast.For)):
+            targets = [node.target]
+        for target in targets:
+            for name in (n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)):
+                (twice if name in seen else seen).add(name)
+    return twice
+
+
+def test_build_engine_binds_each_part_once_and_returns_them_frozen():
+    """The order is the function's: a part is made once, from parts made before it, and never replaced."""
+    from nano_infer.engine.build import EngineParts
+
+    assert names_bound_twice((PACKAGE / "engine" / "build.py").read_text(), "build_engine") == set()
+    assert EngineParts.__dataclass_params__.frozen
+
+
+def test_the_rebinding_check_finds_a_planted_second_assignment():
+    planted = "def build_engine(c):\n    device = 1\n    model = load(device)\n    device = 2\n    return model\n"
+    assert names_bound_twice(planted, "build_engine") == {"device"}
+    assert names_bound_twice("def build_engine(c):\n    a = 1\n    b = a\n", "build_engine") == set()

@@ -41,8 +41,9 @@ from .vocabulary import TokenVocabulary
 FAILURES_KEPT = 256  # constraints remembered as refused
 TIMEOUT_REMEMBERED = 60.0  # seconds a timed-out constraint is refused without trying again
 WORKER_NICENESS = 10  # compiles yield the CPU to the engine thread
-# {"type": "object"} (response_format json_object) is not a client's invention: its cost is known (~5 s on
-# 2 cores, see json_schema.ANY_JSON_DEPTH) and bounded, so it gets no time limit, like a trusted constraint.
+# {"type": "object"} (response_format json_object) is not a client's invention: its cost is known and bounded
+# (json_schema.ANY_JSON_DEPTH caps its nesting; `serve` compiles it at start), so it gets no time limit, like a
+# trusted constraint.
 ANY_OBJECT_KEY = ("json_schema", '{"type":"object"}')
 
 

@@ -155,10 +155,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
     runner = ModelRunner(model, kv_pool, config.attention, block_size, device, executor)
     if not config.enforce_eager and device.type == "cuda" and kv_pool is not None and tp is None:
         runner.capture_decode(max_model_len)
-    offloader = None
     if tier is not None:  # chapter 12: a host pool beside each KV pool, and the plug-in that copies between them
         runner.attach_host_tier(tier.num_blocks)
-        offloader = KVOffloader(tier, kv.cost)
+    offloader = None if tier is None else KVOffloader(tier, kv.cost)
     scheduler = Scheduler(
         kv, max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         policy=config.scheduler_policy, mode=config.scheduler, chunked_prefill=config.enable_chunked_prefill,

@@ -138,7 +138,7 @@ class LLMEngine:
         if not prompt_token_ids:
             raise ValueError("prompt is empty: it must have at least one token")
         n_prompt = len(prompt_token_ids)
-        if n_prompt >= self.max_model_len:  # counted before the ids are read: 2 million of them took 6 s
+        if n_prompt >= self.max_model_len:  # counted before the ids are read: reading millions of them takes seconds
             raise ValueError(f"prompt has {n_prompt} tokens; the limit is max_model_len - 1 = {self.max_model_len - 1}")
         if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt_token_ids):
             raise ValueError(f"prompt_token_ids must be integers in [0, {self.vocab_size})")

@@ -31,9 +31,9 @@ from ..kv.offload import HostKVPool
 from .cuda_graph import DecodeGraphs
 
 # Decodes per attention call on CPU. Each call pads to its own longest context, so sorting by length
-# and cutting into batches copies less padding; past ~32 rows a bigger call saves little per-call
-# overhead (measured: 8 -> 32 rows was +3-7% per workload). On a GPU one call for all decodes is
-# cheaper than several kernel launches.
+# and cutting into batches copies less padding; a bigger call saves per-call overhead, which matters
+# less and less past a few dozen rows (`make bench-ab` measures a change to it). On a GPU one call for
+# all decodes is cheaper than several kernel launches.
 CPU_DECODE_BATCH = 32
 
 

@@ -1,4 +1,4 @@
-"""Stage 05: which sequences run in the next engine step, and how many tokens each computes.
+"""Chapter 05: which sequences run in the next engine step, and how many tokens each computes.
 
 Iteration-level (continuous) batching: every step is scheduled afresh under a token
 budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`):
@@ -8,7 +8,7 @@ budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`):
    sequence's next token, the most recently admitted running sequence is preempted: its
    blocks are freed and it goes back to the front of the queue, to be recomputed later
    (with a prefix cache, most of that recompute is a cache hit), or, with a host tier
-   (stage 12), its K/V is swapped out and copied back in when it is admitted again.
+   (chapter 12), its K/V is swapped out and copied back in when it is admitted again.
 2. Then waiting requests, while budget and KV blocks last. A long prompt is split into
    chunks (chunked prefill), so a step carries decode tokens and a prefill chunk together
    and running requests never stall behind a long prompt. (With chunked prefill off, a
@@ -51,8 +51,9 @@ from ..kv.manager import KVManager, NoKVCache
 # requests the matching costs more than the order saves, and the queue is served first come first
 # served (SGLang falls back at 128 as well).
 LPM_MAX_QUEUE = 128
-# logits a step may normalize to score prompt rows (each a log_softmax, rank and top-k over the vocabulary): 2,048
-# rows of Qwen2.5's 152,064 a step put other tenants' first tokens 25 s late; 2**23 is 55 rows of it, 170 of SmolLM2's.
+# logits a step may normalize to score prompt rows (each a log_softmax, rank and top-k over the vocabulary): a whole
+# prompt chunk of a large vocabulary's rows in one step makes every other tenant's first token wait for it;
+# 2**23 is 55 rows of Qwen2.5's 152,064, 170 of SmolLM2's 49,152.
 SCORED_LOGITS_PER_STEP = 2**23
 
 

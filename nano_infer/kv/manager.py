@@ -1,17 +1,17 @@
 """KVManager: the one owner of KV memory, the block manager and the prefix cache on top of it.
 
 The scheduler and the engine talk to this object only. It calls down into the two parts it
-owns, which never call each other: the `BlockManager` (stage 02) counts references and hands
-out free blocks; the `PrefixCache` (stages 03-04) decides which full blocks stay filled for
+owns, which never call each other: the `BlockManager` (chapter 02) counts references and hands
+out free blocks; the `PrefixCache` (chapters 03-04) decides which full blocks stay filled for
 later requests. The cache holds one reference on every block it keeps, so a cached block
 that no sequence reads has a reference count of 1 ("idle") and is not on the free list; when
 the free list runs short the manager asks the cache to give idle blocks back and drops the
 cache's reference on each, which frees them.
 
-The same manager wraps the contiguous cache of stage 01 (one max-length block per sequence,
+The same manager wraps the contiguous cache of chapter 01 (one max-length block per sequence,
 no prefix cache): the scheduler does not know which one it drives.
 
-With a second tier (stage 12, `kv_offloading_size`) the manager also drives a `HostTier`:
+With a second tier (chapter 12, `kv_offloading_size`) the manager also drives a `HostTier`:
 evicted cached blocks are offloaded to it instead of dropped, a match continues into it and
 loads blocks back, and a preempted sequence may be swapped out to it whole. The tier is keyed
 by each block's chained hash (the prefix cache's `BlockHashes`), which the manager records for every

@@ -50,13 +50,13 @@ class KVPool:
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zero-filled CPU tensor whose memory is committed page by page as it is first written.
 
-    torch.zeros writes every byte up front: seconds for a pool of a few GiB, all of it resident
+    torch.zeros writes every byte up front: slow for a large pool, and all of it resident
     before a single request. An anonymous mmap is zero pages the OS commits on first touch, so
     a pool sized for the worst case costs memory only as blocks are used. (The zeros matter:
     padded reads of unwritten slots must be finite.) Not numpy's zeros: numpy asks for huge
     pages on large arrays, and with the kernel's default `defrag=madvise` each first write to a
-    2 MiB page then waits for the kernel to compact and zero it: on huge pages a 2,048-token
-    float32 prefill of the SmolLM2 shape took 1.55 s against 1.42 s, whole workloads 5-8% longer.
+    2 MiB page then waits for the kernel to compact and zero it, which made prefills and whole
+    workloads slower (the README's list of what makes the CPU path fast has the figures).
     """
     numel = int(np.prod(shape))
     buffer = mmap.mmap(-1, numel * torch.empty((), dtype=dtype).element_size())  # page-aligned

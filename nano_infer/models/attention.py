@@ -5,11 +5,11 @@ contributes `q_len` query tokens (a prefill chunk, or 1 for a decode) and attend
 its `context_len` keys: the ones already in the KV cache plus its own new ones.
 
 Three ways to read the keys:
-- `dense`: no cache at all (stage 00). Keys are the step's own tokens.
-- `gather` (stage 02/06): copy each sequence's K/V out of the paged pool through its block
+- `dense`: no cache at all (chapter 00). Keys are the step's own tokens.
+- `gather` (chapters 02/06): copy each sequence's K/V out of the paged pool through its block
   table into a contiguous tensor, then one `scaled_dot_product_attention`. A prompt with
   nothing cached before it needs no pool read and no mask: see `causal_prompt_attention`.
-- `blockwise` (stage 06): walk the block table a few blocks at a time and merge partial
+- `blockwise` (chapter 06): walk the block table a few blocks at a time and merge partial
   results with an online softmax, so a sequence's whole K/V never exists in one tensor.
 
 Grouped-query attention is handled by folding the query heads that share a KV head into
@@ -85,15 +85,15 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) 
     """q [B, KVH, M, D], k/v [B, KVH, S, D], mask broadcastable to [B, KVH, M, S] (True or 0 = visible).
 
     Always 4-D: PyTorch's fused CPU kernel takes only 4-D inputs, and a 3-D call falls back to the
-    unfused math path, 6x slower for a 512-token prompt in bfloat16 (0.9 vs 6.0 ms per layer)."""
+    unfused math path, several times slower on a prompt (the README's CPU-path list has the timings)."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def causal_prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """A prompt (or first chunk) with nothing cached before it: q [L, H, D] over its own k/v [L, KVH, D].
 
-    No mask to build ([G*L, L] floats: 50 MB for a 2,048-token prompt) and the fused kernel skips the
-    key blocks above the diagonal: 21 vs 37 ms per layer for 2,048 tokens in float32, against a mask."""
+    No mask to build ([G*L, L] floats, growing with the square of the prompt) and the fused kernel skips
+    the key blocks above the diagonal, about half of the work, which it computes when given a mask."""
     o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                        is_causal=True, enable_gqa=True)
     return o[0].transpose(0, 1)

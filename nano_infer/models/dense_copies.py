@@ -20,8 +20,8 @@ from ..core.plugin import EnginePlugin, StepContext
 
 logger = logging.getLogger("nano_infer")
 # Up to this many prompt tokens a chat keeps only the 4-bit weights in memory. Past it the copies pay for themselves
-# in the chunk's own step: SmolLM2 on a 2-core Xeon in bfloat16 took ~2 ms a prompt token through the int4 kernel,
-# ~0.4-0.6 with the copies (a 2,000-token prompt: 4.0-4.5 s against 0.8-1.2), and making them 0.45 s (+256 MiB).
+# in the chunk's own step: the int4 kernel re-reads its weights every 4 rows, so a chunk this long costs more through
+# it than making the copies and running it dense (chapter 13 times a prompt both ways; `adjust` logs the copies' cost).
 LONG_PROMPT_ROWS = 1024
 
 

@@ -6,8 +6,8 @@ rows of Llama's q and k weights (its rotary pairs neighbours, transformers' pair
 that moves whole rows, and a quantized block lies within one row, so the blocks move untouched.
 
 The tensor table is read here, not through gguf's GGUFReader: that parses every metadata value
-into numpy views first, the tokenizer's 49,152 tokens and 48,900 merges included, 6 s for
-SmolLM2's file, where the table alone takes milliseconds. gguf's own tables give each type's
+into numpy views first, the tokenizer's whole vocabulary and merges included, which costs
+far more than reading the table alone. gguf's own tables give each type's
 block size, and gguf's `dequantize` turns blocks into floats, as transformers' loader does.
 """
 from __future__ import annotations

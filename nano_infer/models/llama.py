@@ -3,7 +3,7 @@
 The model sees one *packed* step: the tokens of every scheduled sequence laid end to
 end in a 1-D tensor (no padding), with their positions. Everything that depends on how
 K/V is stored - no cache, a contiguous cache, a paged pool - lives behind one call,
-`attn_ctx.attend(layer_idx, q, k, v)`, which later stages swap out.
+`attn_ctx.attend(layer_idx, q, k, v)`, which later chapters swap out.
 
 With tensor parallelism (`tp`, a `nano_infer.distributed.TPShard`) each rank builds the same
 modules with its share of the heads, features and vocabulary rows, and three calls stitch the

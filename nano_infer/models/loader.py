@@ -11,9 +11,9 @@ rank's query heads, then its KV heads, then their values, just as the forward ex
 A llama.cpp / Ollama GGUF file gives config, tokenizer and chat template from its metadata;
 its quantized tensors run as stored (`quantization.py`; the default on a CPU in bfloat16), or are
 dequantized to the engine's dtype as they are read (`gguf.py`). transformers reads the config and
-the tokenizer by parsing the whole file's metadata, seconds each for SmolLM2's 49,152-token
-vocabulary, so a process keeps both pickled and a second engine on the file gets its own copies
-(kept as an object the tokenizer would hold ~20 MiB for as long as the process runs).
+the tokenizer by parsing the whole file's metadata, slow for a vocabulary of tens of thousands
+of tokens, so a process keeps both pickled and a second engine on the file gets its own copies
+(pickled, since as an object the tokenizer holds many times its bytes for as long as the process runs).
 
 A safetensors checkpoint can be quantized at load (quantization="int8" / "int4"): each weight
 as soon as it is whole, so no full-precision copy of the model is ever held.
@@ -104,8 +104,9 @@ def eos_token_ids(model_dir: Path, tokenizer) -> set[int]:
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (x86 AVX512-BF16 or AMX, Arm BF16), asked at run time.
 
-    Where it does, a bfloat16 matmul runs 2-4x the float32 one and every weight and KV read moves
-    half the bytes; elsewhere bfloat16 is emulated and slower than float32.
+    Where it does, a bfloat16 matmul runs several times as fast as the float32 one and every weight and
+    KV read moves half the bytes; elsewhere bfloat16 is emulated and slower than float32 (`make bench`
+    runs both dtypes).
     """
     caps = torch.cpu.get_capabilities()
     return any(caps.get(flag, False) for flag in ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16"))
@@ -140,8 +141,8 @@ def load_config(model_dir: Path, gguf_file: str | None = None):
 
 def _from_gguf(auto_class, path: Path):
     """What transformers reads from a GGUF file, its config or its tokenizer (built from the file's vocabulary and
-    merges: ~6 s for SmolLM2's, against 0.15 s to unpickle). The first read is kept pickled (the tokenizer: 1.5 MB
-    of bytes, ~20 MiB as an object), and a later engine on the same file and version gets a copy of it."""
+    merges, far slower than unpickling the result). The first read is kept pickled (for the tokenizer a fraction of
+    its size as an object), and a later engine on the same file and version gets a copy of it."""
     stat = path.stat()
     key = (auto_class.__name__, str(path.resolve()), stat.st_mtime_ns, stat.st_size)
     if key in _GGUF_READS:
@@ -269,8 +270,8 @@ def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype
 
 def release_freed_memory() -> None:
     """Hand the heap that loading freed back to the OS. Reading a file allocates and frees a tensor at a time,
-    and glibc keeps freed pages for reuse: without this the process stays a few hundred MiB bigger than its
-    tensors (for a GGUF file held as stored: +569 MiB against +160 after)."""
+    and glibc keeps freed pages for reuse: without this the process keeps what loading freed on top of its
+    tensors for as long as it runs."""
     if sys.platform == "linux":
         try:
             ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -2,10 +2,10 @@
 
 A plain `F.linear` hands oneDNN a row-major weight, which it reorders into its own blocked
 layout inside every call. Reordering once at load time (`_reorder_linear_weight`) and calling
-the kernel on the blocked weight gives the same numbers, faster: on a 2-core AVX512-BF16 CPU
-the 30 layers of SmolLM2-135M took 27% less time at 32 rows (13.8 vs 18.8 ms), 43% less at
-128 and 30% less at 1 row, and the same at 2,048 (a prefill chunk). In float32 the same
-trick gained nothing consistent, so float32 keeps `nn.Linear`.
+the kernel on the blocked weight gives the same numbers, faster: the per-call reorder weighs
+most on a decode step's few to a hundred rows and vanishes beside a prefill chunk's matmul (the
+README's list of what makes the CPU path fast gives the gain on a whole workload). In float32 the
+same trick gained nothing consistent, so float32 keeps `nn.Linear`.
 
 The blocked weight is an opaque tensor: it has the weight's shape, but no storage to slice or
 save. Nothing reads a linear weight after loading except tensor-parallel lessons, which run

@@ -7,7 +7,7 @@ Q4_0 / Q4_1 / Q4_K blocks are such groups (w = d * q + m, q in 0..15, 32 weights
 computes (q - 8) * scale + zero: scale = d, zero = m + 8d.
 
 torch's CPU int4 and int8 kernels are vectorized for bfloat16 activations only (float32 runs a
-scalar loop, ~10x slower than a float32 matmul), and they re-read the weights for every 4 rows:
+scalar loop, far slower than a float32 matmul), and they re-read the weights for every 4 rows:
 a win for one row, even at 4, slower than a dense matmul from 8 rows up. So an engine that
 runs more than `INT4_MAX_ROWS` sequences in a step gives each int4 layer a dense copy of its
 weight for the steps of many rows (`DenseCopies`): one chat reads 4-bit weights, a batch runs
@@ -25,12 +25,12 @@ from torch import nn
 
 from .packed import PackedLinear, can_pack
 from .quant_formats import GROUP, Int4Weight, Int8Weight, RowInt8Weight
-# The most rows the int4 kernel multiplies before a dense copy (when there is one) takes over: SmolLM2-135M's 120
-# layers in bfloat16 on 2 cores took 6.8 ms in int4 and 10.8 dense at 4 rows, 12.6 and 11.7 at 8 (AVX512-BF16, no AMX).
+# The most rows the int4 kernel multiplies before a dense copy (when there is one) takes over: reading a third of the
+# bytes wins while few rows share each read, but the kernel re-reads them every 4 rows (chapter 13 times both forms).
 INT4_MAX_ROWS = 4
-# Past this many rows with no dense copy (a long prompt chunk), each layer is dequantized for its own matmul: SmolLM2's
-# 300-token prompt took 533 ms through the int4 kernel and 250 so, 1,000 tokens 1,790 and 515 (2-core Xeon with AMX;
-# even at ~100 tokens there). Without AMX a bfloat16 matmul is slower, so the bound keeps a margin.
+# Past this many rows with no dense copy (a long prompt chunk), each layer is dequantized for its own matmul: a cost
+# per layer that a dense bfloat16 matmul on AMX wins back well below this bound. Without AMX a bfloat16 matmul is
+# slower, so the bound keeps a margin (chapter 13 times a prompt through the int4 kernel and dequantized).
 DEQUANTIZE_ROWS = 192
 
 
@@ -235,7 +235,8 @@ def describe_weights(mode: str, why: str, held: Counter, dequantized: Counter, d
 
 def int4_identity_dequantize(layer: Int4Linear, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The weight exactly as the kernel sees it: the identity matrix multiplied through it ([N, K], K the
-    kernel's: for a `Q8Linear` both halves side by side). A matmul of K rows: SmolLM2's 120 layers take ~2 s."""
+    kernel's: for a `Q8Linear` both halves side by side). A matmul of K rows per layer, slow for a whole model:
+    `int4_dequantize` reads the nibbles instead, and comes here only where the layout is not the known one."""
     eye = torch.eye(2 * layer.packed.shape[1], dtype=dtype)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, layer.packed, GROUP, layer.scales_and_zeros.to(dtype)).T
 
@@ -265,7 +266,7 @@ def _int4_layout_known() -> bool:
 
 
 def int4_dequantize(layer: Int4Linear, dtype: torch.dtype) -> torch.Tensor:
-    """`int4_identity_dequantize`'s values, bit for bit, ~10x faster: (q - 8) * scale + zero in float32. With
+    """`int4_identity_dequantize`'s values, bit for bit, with no matmul: (q - 8) * scale + zero in float32. With
     bfloat16 scales q - 8 times one is exact, so the one rounding is the kernel's own; with float32 ones the
     products round as the kernel's do (the tests compare both routes)."""
     n, k = layer.packed.shape[0], 2 * layer.packed.shape[1]
