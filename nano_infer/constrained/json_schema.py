@@ -11,8 +11,8 @@ An object schema without "properties" (what OpenAI's `response_format: json_obje
 is any object: string keys, and values of its additionalProperties schema, or any JSON value
 when that is absent or true. Such free values nest at most ANY_JSON_DEPTH levels of arrays and
 objects, counting the object itself: a regex cannot count brackets without a bound, and each
-level multiplies the regex by four (depth 3 builds its DFA in ~5 s on a 2-core CPU, depth 4 in
-over a minute). Keys may repeat, as JSON syntax allows.
+level multiplies the regex by four (each level more multiplies the time to build its DFA many times
+over). Keys may repeat, as JSON syntax allows.
 
 Supported: type (string, integer, number, boolean, null, array, object, or a list of these),
 properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength,

@@ -109,6 +109,7 @@ class EngineParts:
     model_dir: Path
     gguf_file: str | None
     model_name: str
+    display_name: str  # what the startup line and the server's clients call the model (`display_name`)
     hf_config: PretrainedConfig
     max_model_len: int
     model: CausalLM
@@ -168,9 +169,15 @@ def build_engine(config: EngineConfig) -> EngineParts:
     plugins = [p for p in (offloader, *features, recorder, DenseCopies.for_model(model)) if p is not None]
     if device.type == "cpu":  # what parsing the config and the tokenizer freed
         release_freed_memory()
-    return EngineParts(config, device, dtype, dtype_reason, model_dir, gguf_file, model_name, hf_config, max_model_len,
+    return EngineParts(config, device, dtype, dtype_reason, model_dir, gguf_file, model_name,
+                       display_name(model_name, model_dir, gguf_file), hf_config, max_model_len,
                        model, tokenizer, eos, bytes_per_token, kv, kv_pool, executor, runner, scheduler, features,
                        offloader, recorder, sorted(plugins, key=lambda p: p.phase))
+
+
+def display_name(model_name: str, model_dir: Path, gguf_file: str | None) -> str:
+    """The hub id, a GGUF file's name, or a local folder's name: never an absolute path."""
+    return gguf_file or (model_dir.name if Path(model_name).exists() else model_name)
 
 
 def _lookahead(features: list[Feature]) -> Callable[[Sequence], int] | None:

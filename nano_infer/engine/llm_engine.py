@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from pathlib import Path
 from types import MappingProxyType
 
 from ..config import EngineConfig
@@ -74,15 +73,9 @@ class LLMEngine:
         if self.executor is not None:
             self.executor.shutdown()
 
-    @property
-    def display_name(self) -> str:
-        """What the model is called in the startup line and by the server's clients: the hub id, a GGUF
-        file's name, or a local folder's name (never an absolute path)."""
-        return self.gguf_file or (self.model_dir.name if Path(self.model_name).exists() else self.model_name)
-
     def _describe(self, parts: EngineParts) -> str:
         """One line on what was chosen and why: the dtype, and how many tokens of KV fit."""
-        line = f"{self.display_name}: {str(self.dtype).removeprefix('torch.')} ({parts.dtype_reason}) on {self.device}"
+        line = f"{parts.display_name}: {str(self.dtype).removeprefix('torch.')} ({parts.dtype_reason}) on {self.device}"
         line += f", {self.model.weights_held}" if self.model.weights_held else ""
         if self.kv is None:
             return line + ", no KV cache"
@@ -236,7 +229,7 @@ class LLMEngine:
             tier.tier.num_blocks, tier.tier.num_free_blocks, tier.tier.num_cached_blocks(), copy_of(tier.tier.stats),
             tier.bytes_out, tier.bytes_in)
         self.stats = EngineStats(
-            self.display_name, self.max_model_len, len(scheduler.running), len(scheduler.waiting), self.num_steps,
+            self.parts.display_name, self.max_model_len, len(scheduler.running), len(scheduler.waiting), self.num_steps,
             self.num_generated_tokens, self.runner.num_forward_tokens, kv.num_blocks if kv else 0,
             kv.num_free_blocks if kv else 0, copy_of(self.prefix_cache.stats) if self.prefix_cache else None, host)
 

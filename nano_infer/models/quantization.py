@@ -47,7 +47,7 @@ class Int4Linear(nn.Module):
         if k % GROUP or n % 16:
             raise ValueError(f"an int4 weight of shape {(n, k)} needs in_features % {GROUP} == 0 and out_features % 16 == 0")
         # the kernel's layout takes int32 values (4 bytes a weight): packed 1,024 rows at a time (a multiple of
-        # its 64-row blocks, so the result is the same) to keep that transient small (a 49,152-row head: 226 MiB)
+        # its 64-row blocks, so the result is the same) to keep that transient small (a 49,152-row head: 226 MB)
         packed = torch.cat([torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.q[i:i + 1024].to(torch.int32), 1)
                             for i in range(0, n, 1024)])
         scales_and_zeros = torch.stack([w.d, w.m + 8 * w.d], dim=-1).transpose(0, 1).contiguous().to(dtype)

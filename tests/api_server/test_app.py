@@ -330,9 +330,10 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
 
 def test_a_gguf_file_is_served_under_its_own_name(tmp_path):
     """Not its folder's (`models` for a pip-installed checkpoint): the file names the quantization too."""
-    from types import SimpleNamespace as NS
+    from nano_infer.engine.build import display_name
 
     (tmp_path / "SmolLM2-135M-Instruct-Q4_1.gguf").write_bytes(b"")
     for model in (str(tmp_path / "SmolLM2-135M-Instruct-Q4_1.gguf"), str(tmp_path)):
-        engine = NS(model_name=model, model_dir=tmp_path, gguf_file="SmolLM2-135M-Instruct-Q4_1.gguf")
-        assert nano_infer.LLMEngine.display_name.fget(engine) == "SmolLM2-135M-Instruct-Q4_1.gguf"
+        assert display_name(model, tmp_path, "SmolLM2-135M-Instruct-Q4_1.gguf") == "SmolLM2-135M-Instruct-Q4_1.gguf"
+    assert display_name(str(tmp_path), tmp_path, None) == tmp_path.name
+    assert display_name("Qwen/Qwen2.5-0.5B-Instruct", tmp_path, None) == "Qwen/Qwen2.5-0.5B-Instruct"
