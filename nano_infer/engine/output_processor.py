@@ -11,7 +11,7 @@ Anything that raises while handling one request ends that request alone (`Reques
 the step goes on for the others.
 
 It is also what a plug-in changes the step's sequences through (`core.plugin.Sequences`): append a
-token, fork or finish a sequence, roll its KV back. It reads the engine's table of requests and
+token, fork, advance or finish a sequence. It reads the engine's table of requests and
 never writes it: the engine adds and removes requests.
 """
 from __future__ import annotations
