@@ -14,7 +14,7 @@ from ..config import EngineConfig
 from .executor import TPExecutor
 from .launch import Launch, default_backend, torchrun_launch
 from .shard import TPShard
-from .worker import WorkerConfig
+from .worker import StepExecutor, WorkerConfig
 
 
 def driver_shard(size: int, device: torch.device) -> tuple[TPShard | None, Launch | None, torch.device]:
@@ -34,14 +34,15 @@ def driver_shard(size: int, device: torch.device) -> tuple[TPShard | None, Launc
     return TPShard(0, size), launch, device
 
 
-def start_workers(cfg: EngineConfig, shard: TPShard, launch: Launch | None, build_runner: Callable, model: str,
+def start_workers(cfg: EngineConfig, shard: TPShard, launch: Launch | None,
+                  build_runner: Callable[[WorkerConfig, TPShard, torch.device], StepExecutor], model: str,
                   dtype: torch.dtype, device: torch.device, max_model_len: int, num_blocks: int | None, block_size: int,
                   num_host_blocks: int = 0) -> TPExecutor:
     """Spawn (or meet torchrun's) workers; each loads its shard of `model` and a pool of `num_blocks` with
     `build_runner` (the engine's `worker_runner`)."""
     local_ranks = launch.local_world_size if launch else cfg.tensor_parallel_size
     threads = max(1, torch.get_num_threads() // local_ranks) if device.type == "cpu" else None
-    worker = WorkerConfig(build_runner=build_runner, model=model, dtype=dtype, device_type=device.type, max_model_len=max_model_len,
-                          num_blocks=num_blocks, num_host_blocks=num_host_blocks, block_size=block_size,
-                          attention=cfg.attention, num_threads=threads)
+    worker = WorkerConfig(build_runner=build_runner, model=model, dtype=dtype, device_type=device.type,
+                          max_model_len=max_model_len, num_blocks=num_blocks, num_host_blocks=num_host_blocks,
+                          block_size=block_size, attention=cfg.attention, num_threads=threads)
     return TPExecutor(shard, worker, cfg.distributed_backend or default_backend(device.type), cfg.distributed_timeout)

@@ -48,11 +48,10 @@ P = TypeVar("P")  # the request parameters a feature serves
 
 @dataclass(frozen=True)
 class FeatureSetup:
-    """What a feature is made from: the settings and the loaded target model, before any KV memory exists."""
+    """What a feature is made from: the settings, the target's config and tokenizer, before any KV memory exists."""
 
     config: EngineConfig
     hf_config: PretrainedConfig
-    model: CausalLM
     tokenizer: PreTrainedTokenizerBase
     eos_token_ids: set[int]
     device: torch.device
@@ -143,7 +142,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     model = load_model(model_dir, hf_config, device, dtype, max_model_len, tp, gguf_file, config.quantization)
     tokenizer = load_tokenizer(model_dir, gguf_file, config.tokenizer)
     eos = eos_token_ids(model_dir, tokenizer)
-    setup = FeatureSetup(config, hf_config, model, tokenizer, eos, device, dtype, max_model_len)
+    setup = FeatureSetup(config, hf_config, tokenizer, eos, device, dtype, max_model_len)
     features = [f for cls in FEATURES if (f := cls.create(setup)) is not None]
     bytes_per_token = kv_bytes_per_token(hf_config.num_hidden_layers, model.num_kv_heads, model.head_dim, dtype) + sum(
         f.kv_bytes_per_token for f in features)
