@@ -12,6 +12,7 @@ import uuid
 
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("nano_infer.api_server")
 
@@ -51,6 +52,16 @@ async def _http(request, exc: HTTPException):
     return APIError(exc.status_code, str(exc.detail), kind).response()
 
 
+async def _hung_up(request, exc: ClientDisconnect):
+    """The client closed the connection before its whole body arrived: nothing failed here, so it is a log
+    line and a count, not an internal error (nginx's 499, "client closed request"; nobody reads the reply)."""
+    log.info("client hung up before sending its whole body: %s %s", request.method, request.url.path)
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:  # nano_infer_client_hangups_total on /metrics
+        metrics.client_hangups += 1
+    return APIError(499, "the client closed the request", "client_closed_request").response()
+
+
 async def _crash(request, exc: Exception):
     error_id = uuid.uuid4().hex[:12]
     log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
@@ -61,4 +72,4 @@ async def _crash(request, exc: Exception):
 
 
 # FastAPI(exception_handlers=...): these replace FastAPI's own handlers for the same exceptions.
-EXCEPTION_HANDLERS = {APIError: _api_error, HTTPException: _http, Exception: _crash}
+EXCEPTION_HANDLERS = {APIError: _api_error, HTTPException: _http, ClientDisconnect: _hung_up, Exception: _crash}

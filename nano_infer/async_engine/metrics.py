@@ -22,6 +22,7 @@ class EngineMetrics:
     def __init__(self, stats: Callable[[], EngineStats], model_name: str):
         self.stats, self.model_name = stats, model_name  # the engine's latest published EngineStats
         self.internal_errors = 0  # requests answered 500 by the server (errors.py), each a bug to look up in the log
+        self.client_hangups = 0  # clients that closed the connection before their body arrived (errors.py)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -66,6 +67,8 @@ class EngineMetrics:
         yield counter("num_steps", "Engine steps run.", stats.num_steps)
         yield counter("server_internal_errors", "Requests answered 500 (internal error, in the server log).",
                       self.internal_errors)
+        yield counter("client_hangups", "Clients that closed the connection before their request body arrived.",
+                      self.client_hangups)
 
     @staticmethod
     def _tier(tier: HostTierSnapshot, gauge, counter):

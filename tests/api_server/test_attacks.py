@@ -835,3 +835,28 @@ def test_25_a_tenants_bodies_are_read_at_its_pace(tenants):
     # what the pace lets through in the flood's time: a burst of one body, the rate, and one body per loop begun
     allowed = ROUND2_LIMITS.max_body_bytes + ROUND2_LIMITS.body_bytes_per_s * flood.seconds + 8 * len(blank)
     assert sum(flood.statuses.values()) * len(blank) <= allowed, (flood.statuses, flood.seconds)
+
+
+# -- Round 4 (issue 53) ---------------------------------------------------------------------------------------------
+def metric(url, name) -> float:
+    text = httpx.get(url + "/metrics").text
+    return float(next(line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(f"nano_infer_{name}{{")))
+
+
+def test_26_a_client_that_hangs_up_mid_body_is_counted_not_an_internal_error(tenants):
+    """20 requests that promise 1,000 bytes of body, send 8 and close: each a hang-up on /metrics and a log
+    line, none an internal error (they were each a 500 with a traceback)."""
+    llm, server = tenants
+    errors, hangups = metric(server.url, "server_internal_errors_total"), metric(server.url, "client_hangups_total")
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                         b"content-length: 1000\r\nauthorization: Bearer " + ATTACKER.encode() + b"\r\n\r\n{\"model\"")
+            time.sleep(0.05)  # the server has read the head and waits for the rest
+    deadline = time.monotonic() + 10
+    while metric(server.url, "client_hangups_total") < hangups + 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(server.url, "client_hangups_total") == hangups + 20
+    assert metric(server.url, "server_internal_errors_total") == errors
+    r = as_attacker(server.url, "/v1/chat/completions", chat())
+    assert r.status_code == 200, r.text[:300]
