@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from .limits import ServerLimits
 from ..sampling_params import (MAX_BAD_WORDS, MAX_CACHE_SALT, MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
                               MAX_TOKEN_RULES, SEED_RANGE)
 
@@ -49,6 +50,27 @@ class ProtocolError(ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+def json_text(text: str, field: str, max_depth: int = ServerLimits.max_body_depth):
+    """JSON carried as a string inside a field (a schema, a tool call's arguments), read within the body's
+    own bounds: a text nested too deep, or with a number too long to read, is a 400 naming the field, never a
+    crash in whatever walks it next (a regex compiler, a chat template)."""
+    param = field.split(".")[0]
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ProtocolError(f"{field} nests deeper than {max_depth} levels", param=param) from None
+    except ValueError as e:  # not JSON, or an integer past Python's limit on digits read
+        raise ProtocolError(f"{field} is not valid JSON: {e}", param=param) from None
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            raise ProtocolError(f"{field} nests deeper than {max_depth} levels", param=param)
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return data
 
 
 class _Body(BaseModel):

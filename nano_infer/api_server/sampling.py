@@ -10,7 +10,7 @@ import json
 import logging
 from typing import Any
 
-from .protocol import JSON_OBJECT, ChatBody, CompletionBody, ProtocolError
+from .protocol import JSON_OBJECT, ChatBody, CompletionBody, ProtocolError, json_text
 from .tools import tool_plan
 from ..sampling_params import SamplingParams
 
@@ -112,12 +112,7 @@ def constraint_fields(body) -> tuple[str | None, Any, list[str] | None]:
 
 
 def _schema(value, field: str):
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ProtocolError(f"{field} is not valid JSON: {e}", param=field) from e
-    return value
+    return json_text(value, field) if isinstance(value, str) else value
 
 
 def _param_of(message: str) -> str | None:

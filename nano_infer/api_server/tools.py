@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from ..text.chat_template import Chat
 from .errors import APIError
+from .protocol import ProtocolError, json_text
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 OPEN = "<tool_call>"
@@ -129,10 +130,9 @@ def chat_messages(body, text_of) -> list[dict]:
 
 def _arguments(text: str):
     try:
-        return json.loads(text)
-    except ValueError:
-        raise APIError(400, f"messages: tool call arguments must be JSON text, got {text[:80]!r}",
-                       param="messages") from None
+        return json_text(text, "messages.tool_calls.function.arguments")
+    except ProtocolError as e:
+        raise APIError(400, f"{e} (tool call arguments must be JSON text, got {text[:80]!r})", param="messages") from None
 
 
 @dataclass

@@ -66,7 +66,9 @@ def load_schema(schema) -> dict:
     elif isinstance(schema, str):
         try:
             schema = json.loads(schema)
-        except json.JSONDecodeError as e:
+        except RecursionError:
+            raise ValueError("json_schema nests deeper than Python's JSON reader goes") from None
+        except ValueError as e:  # not JSON, or an integer past Python's limit on digits read
             raise ValueError(f"json_schema is not valid JSON: {e}") from e
     if not isinstance(schema, dict):
         raise ValueError(f"json_schema must be a dict, a JSON string or a pydantic model class, "

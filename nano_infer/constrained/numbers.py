@@ -44,10 +44,12 @@ def _bounds(node: dict, path: str):
     for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         value = node.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value)):
+                                  or isinstance(value, float) and not math.isfinite(value)):
             raise ValueError(f"'{key}' at {path} must be a finite number, got {value!r}")
-        if value is not None and abs(value) > LARGEST:
-            raise ValueError(f"'{key}' at {path} is {value!r}: numbers have at most {MAX_DIGITS} digits here")
+        if value is not None and abs(value) > LARGEST:  # an int of any size compares (no float conversion)
+            shown = repr(value) if isinstance(value, float) or value.bit_length() < 1000 else \
+                f"an integer of about {int(value.bit_length() * math.log10(2))} digits"
+            raise ValueError(f"'{key}' at {path} is {shown}: numbers have at most {MAX_DIGITS} digits here")
         values[key] = value
     lo, hi = values["minimum"], values["maximum"]
     lo_open = values["exclusiveMinimum"] is not None and (lo is None or values["exclusiveMinimum"] >= lo)

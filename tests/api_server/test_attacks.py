@@ -860,3 +860,30 @@ def test_26_a_client_that_hangs_up_mid_body_is_counted_not_an_internal_error(ten
     assert metric(server.url, "server_internal_errors_total") == errors
     r = as_attacker(server.url, "/v1/chat/completions", chat())
     assert r.status_code == 200, r.text[:300]
+
+
+def test_27_json_inside_a_field_that_nests_deep_or_carries_a_huge_number_gets_a_400_naming_it(tenants):
+    """A schema as a string, or a tool call's arguments, is read within the body's bounds: each of these was a
+    500 (RecursionError, or an integer too large for a float, deep inside what walks it)."""
+    llm, server = tenants
+    errors = metric(server.url, "server_internal_errors_total")
+    deep = "[" * 5000 + "]" * 5000
+    nested = '{"a":' * 900 + "1" + "}" * 900
+    huge = {"type": "integer", "minimum": int("9" * 4000)}
+
+    def tool_turn(arguments):
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c", "content": "x"}]
+
+    cases = [(chat(guided_json=deep), "guided_json", "nests deeper"),
+             (chat(structured_outputs={"json": deep}), "structured_outputs", "nests deeper"),
+             (chat(guided_json='{"type": "integer", "minimum": ' + "9" * 5000 + "}"), "guided_json", "not valid JSON"),
+             (chat(guided_json=huge), None, "'minimum' at # is an integer of about 4000 digits"),  # the compiler's word
+             (chat(messages=tool_turn(deep)), "messages", "nests deeper"),
+             (chat(messages=tool_turn(nested)), "messages", "nests deeper")]
+    for body, param, words in cases:
+        r = as_attacker(server.url, "/v1/chat/completions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text[:300]
+        assert words in r.json()["error"]["message"], r.text[:300]
+    assert metric(server.url, "server_internal_errors_total") == errors

@@ -203,3 +203,12 @@ def test_bad_schemas_are_refused_with_a_reason(schema, message):
 def test_bad_regexes_are_refused_with_a_reason(pattern, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         build_constraint(SamplingParams(regex=pattern), byte_bpe_vocabulary(), "cpu")
+
+
+def test_a_schema_string_too_deep_or_with_a_number_too_long_to_read_is_a_value_error():
+    from nano_infer.constrained.json_schema import load_schema
+
+    with pytest.raises(ValueError, match="nests deeper"):
+        load_schema("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_schema('{"minimum": ' + "9" * 5000 + "}")

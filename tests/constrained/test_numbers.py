@@ -50,3 +50,14 @@ def test_an_open_unit_interval_holds_its_fractions():
 def test_unbounded_integers_and_numbers_have_bounded_digits():
     assert re.fullmatch(INTEGER, "9" * MAX_DIGITS) and not re.fullmatch(INTEGER, "9" * (MAX_DIGITS + 1))
     assert re.fullmatch(NUMBER, "-12.5e-3") and not re.fullmatch(NUMBER, "1." + "3" * (MAX_DIGITS + 1))
+
+
+@pytest.mark.parametrize("digits", [16, 400, 4000])
+def test_a_bound_of_too_many_digits_is_a_value_error_saying_how_many(digits):
+    """An integer too large for a float (past ~309 digits) raised OverflowError; one past 4,300 digits cannot
+    even be printed: the message counts its digits instead."""
+    for key in ("minimum", "exclusiveMaximum"):
+        with pytest.raises(ValueError, match=f"'{key}' at #.*numbers have at most {MAX_DIGITS} digits"):
+            numeric_regex("integer", {"type": "integer", key: int("9" * digits)}, "#")
+    with pytest.raises(ValueError, match="about 4000 digits"):
+        numeric_regex("number", {"type": "number", "minimum": -int("9" * 4000)}, "#")
