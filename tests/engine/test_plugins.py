@@ -67,3 +67,20 @@ def test_the_steps_block_copies_run_once_in_order_and_copies_added_after_them_ar
     with pytest.raises(RuntimeError, match="Phase.MOVE_BLOCKS"):
         step.move_blocks(out=[(4, 1)])
 
+
+
+@pytest.mark.parametrize("prefix_cache", ["hash", "radix"])
+def test_what_features_keep_per_sequence_is_gone_once_the_requests_are(prefix_cache):
+    """The prefix cache's handles and hash chains, and the beam searcher's searches, are keyed by sequence or
+    request and dropped when it finishes: samples (n > 1), beams, preemption (a pool of 24 blocks) and an abort."""
+    llm = LLM(str(TINY_MODEL_DIR), dtype="float32", block_size=4, num_kv_blocks=24, prefix_cache=prefix_cache)
+    engine = llm.engine
+    prompts = ["to be, or not to be, that is the question", "to be, or not to be, whether 'tis nobler"]
+    llm.generate(prompts, SamplingParams(n=3, max_tokens=12, ignore_eos=True, temperature=1.0, seed=0))
+    llm.beam_search([{"prompt": p} for p in prompts], BeamSearchParams(beam_width=3, max_tokens=6))
+    engine.add_request("aborted", prompts[0], SamplingParams(max_tokens=8))
+    engine.step()
+    engine.abort_request("aborted")
+    cache = engine.kv.prefix_cache
+    assert cache.handles == {} and cache.hashes.chains == {} and engine.plugin(BeamSearcher).searches == {}
+    assert cache.num_cached_blocks() > 0 and engine.requests == {}
