@@ -66,7 +66,8 @@ class BeamState:
     finished: list[Hypothesis] = field(default_factory=list)  # best first, at most k
     num_generated: int = 0  # rounds done: every live beam has this many output tokens
     done: bool = False
-    offers: dict[Sequence, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # this round's: (top logprobs, their ids)
+    # this round's offer of each beam: (its top logprobs, their token ids)
+    offers: dict[Sequence, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     num_preemptions: int = 0  # of beams pruned so far (the request reports all of them)
 
     @classmethod

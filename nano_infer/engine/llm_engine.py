@@ -148,7 +148,7 @@ class LLMEngine:
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of a text prompt. A text too long to fit max_model_len in any tokenization is
-        refused before tokenizing it (a 20 MB prompt would otherwise take ~40 s and GBs of memory)."""
+        refused before tokenizing it (the tokenizer's time and memory grow with the text's length)."""
         self.check_prompt_chars(prompt)
         return self.tokenizer.encode(prompt, add_special_tokens=False)
 

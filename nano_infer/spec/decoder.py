@@ -59,7 +59,8 @@ class SpecStats:
 class SpeculativeDecoder(Feature[None]):
     phase = Phase.PROPOSE  # after the host tier's copies: a draft reads the blocks they fill
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int, attention: str, draft: DraftProposer | None = None):
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, attention: str,
+                 draft: DraftProposer | None = None):
         self.config = config
         self.attention = attention  # the draft's attention backend: the target's kind
         self.draft = draft  # None for n-gram lookup
