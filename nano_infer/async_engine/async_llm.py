@@ -41,7 +41,6 @@ and a compiled index, and only queues the request.
 from __future__ import annotations
 
 import asyncio
-import os
 import queue
 import threading
 import uuid
@@ -65,11 +64,6 @@ class EngineUnavailable(RuntimeError):
     """The engine cannot serve any request (its thread ended, a tensor-parallel worker died)."""
 
 
-def default_compile_workers() -> int:
-    """Two compile workers at least (one tenant's slow schema must not hold the only one), at most 4."""
-    return max(2, min(4, (os.cpu_count() or 2) // 2))
-
-
 class AsyncLLM:
     def __init__(self, model: str | None = None, engine: LLMEngine | None = None, compile_workers: int | None = None,
                  tokenize_backlog: int = TOKENIZE_BACKLOG, **engine_options):
@@ -79,7 +73,7 @@ class AsyncLLM:
         # prompts waiting to be tokenized, per tenant; past tokenize_backlog, TenantBacklogFull (a 429)
         self._tokenizer_thread = FairQueue(1, tokenize_backlog, "tokenize")
         tokens_per_message(self.tokenizer)  # measured once now, so the size check before tokenizing only counts
-        self._compile_workers = compile_workers or default_compile_workers()
+        self._compile_workers = compile_workers  # None: CompilePool's default
         self._compile_pool = None  # started by the first constrained request
         self._inbox: queue.Queue = queue.Queue()
         self._admission = Admission(self.engine.scheduler.max_num_seqs)  # engine thread only
@@ -169,6 +163,8 @@ class AsyncLLM:
 
             vocab = await self._tokenizer_thread.run(None, lambda: self.engine.vocabulary)
             with self._lock:
+                if self._closed:  # a pool made now would outlive shutdown(), its workers still starting
+                    raise RuntimeError("AsyncLLM is shut down")
                 if self._compile_pool is None:
                     limits = self.engine.config.constraint_limits or ConstraintLimits()
                     self._compile_pool = CompilePool(vocab, limits, workers=self._compile_workers)
@@ -189,7 +185,7 @@ class AsyncLLM:
                 self._inbox.put(Shutdown())
         self._thread.join(timeout)
         self._tokenizer_thread.close()
-        if self._compile_pool is not None:
+        if self._compile_pool is not None:  # none is made once _closed is set
             self._compile_pool.close()
 
     # -- the engine thread ---------------------------------------------------------------------

@@ -63,10 +63,16 @@ class _Job:
     tenant: str | None = None  # who started it: the compile counts toward their share
 
 
+def default_workers() -> int:
+    """Two compile workers at least (one tenant's slow schema must not hold the only one), at most 4."""
+    return max(2, min(4, (os.cpu_count() or 2) // 2))
+
+
 class CompilePool:
-    def __init__(self, vocab: TokenVocabulary, limits: ConstraintLimits, workers: int = 2, max_pending: int = 16,
-                 per_tenant: int | None = None):
+    def __init__(self, vocab: TokenVocabulary, limits: ConstraintLimits, workers: int | None = None,
+                 max_pending: int = 16, per_tenant: int | None = None):
         self.vocab, self.limits, self.max_pending = vocab, limits, max_pending
+        workers = workers or default_workers()
         self.per_tenant = per_tenant or max(1, workers // 2)
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([__name__])

@@ -206,9 +206,19 @@ def test_shutdown_ends_running_requests_and_refuses_new_ones(qwen2_dir):
                 pass
         with pytest.raises(RuntimeError, match="shut down"):
             await collect(llm, "To be")
+        # `serve` warms the constraint compile pool on its own thread: one that read the vocabulary before the
+        # shutdown and makes the pool after it must not start worker processes the shutdown has passed by
+        vocab = llm.engine.vocabulary
+
+        async def read_before_the_shutdown(*args):
+            return vocab
+
+        llm._tokenizer_thread.run = read_before_the_shutdown
+        with pytest.raises(RuntimeError, match="AsyncLLM is shut down"):
+            await llm.precompile(SamplingParams(regex="(yes|no)"))
 
     asyncio.run(main())
-    assert not llm.is_running and not llm.engine.requests
+    assert not llm.is_running and not llm.engine.requests and llm._compile_pool is None
 
 
 def test_a_constraint_is_compiled_in_a_worker_process(allm, monkeypatch):
