@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import secrets
 import time
 import uuid
 from dataclasses import replace
@@ -51,25 +52,29 @@ WORK_DUTY = 0.5  # a tenant keeps a worker busy at most half the time: the engin
 
 def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str | tuple[str, ...] | None = None,
               allowed_hosts: tuple[str, ...] | None = None, limits: ServerLimits = ServerLimits(),
-              drain: Drain | None = None) -> FastAPI:
+              drain: Drain | None = None, admin_key: str | None = None, metrics_public: bool = False) -> FastAPI:
     """The FastAPI app. `api_key`: one key, or several (a tenant each). `allowed_hosts=None` accepts any
     Host header (a server bound to all interfaces behind its own proxy); run_server and BackgroundServer
-    pass LOCAL_HOSTS when bound to localhost, and a Drain they set when the server is told to stop."""
+    pass LOCAL_HOSTS when bound to localhost, and a Drain they set when the server is told to stop.
+    /metrics answers the `admin_key` only, or anyone with `metrics_public`: its counters move with every
+    tenant's requests, so reading them beside a victim's request reads the victim's prompt length."""
     model_name = served_model_name or llm.stats.model_name  # `--served-model-name` overrides it, as in vLLM
     app = FastAPI(title="nano_infer", docs_url=None, redoc_url=None, openapi_url=None,
                   exception_handlers=EXCEPTION_HANDLERS)
     keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
+    if admin_key is not None and (not admin_key or admin_key in keys):
+        raise ValueError("the admin key must be non-empty and differ from every API key (a tenant's key)")
     app.add_middleware(_Guard, allowed_hosts=allowed_hosts, limits=limits,
                        tenants=Tenants(keys, limits), drain=drain or Drain())
     app.state.metrics = EngineMetrics(lambda: llm.stats, model_name)  # errors.py counts the 500s on it
-    _add_probes(app, llm, app.state.metrics)
+    _add_probes(app, llm, app.state.metrics, None if metrics_public else (admin_key or "").encode())
     work = FairQueue(SERVER_WORKERS, WORK_BACKLOG, "server", duty=WORK_DUTY)  # bodies parsed, replies rendered
     _add_api(app, llm, model_name, BodyParser(limits, work), work)
     return app
 
 
-def _add_probes(app: FastAPI, llm: AsyncLLM, metrics: EngineMetrics) -> None:
-    """/health and /metrics, for load balancers and Prometheus: they need no API key."""
+def _add_probes(app: FastAPI, llm: AsyncLLM, metrics: EngineMetrics, admin_key: bytes | None) -> None:
+    """/health, for load balancers, needs no key; /metrics, for Prometheus, the admin key (None: public)."""
     @app.get("/health")
     async def health():
         failure = llm.failure()
@@ -78,9 +83,23 @@ def _add_probes(app: FastAPI, llm: AsyncLLM, metrics: EngineMetrics) -> None:
         return {"status": "ok"}
 
     @app.get("/metrics")
-    async def prometheus_metrics():
+    async def prometheus_metrics(request: Request):
+        if admin_key is not None:
+            _check_admin(request, admin_key)
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
+
+
+def _check_admin(request: Request, admin_key: bytes) -> None:
+    """403 on a server with no admin key (saying how to get one), 401 for a missing or wrong one."""
+    if not admin_key:
+        raise APIError(403, "/metrics is served to the admin key only: start the server with --admin-key (or "
+                            "$NANO_INFER_ADMIN_KEY), or with --metrics-public to serve it to anyone", "permission_error")
+    given = request.headers.getlist("authorization")
+    scheme, _, token = (given[0] if len(given) == 1 else "").encode().partition(b" ")
+    if scheme.lower() != b"bearer" or not secrets.compare_digest(token, admin_key):
+        raise APIError(401, "/metrics needs the admin key: send 'Authorization: Bearer <admin key>'",
+                       "authentication_error", code="invalid_api_key")
 
 
 def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, parser: BodyParser, work: FairQueue) -> None:

@@ -86,12 +86,13 @@ def bound_socket(host: str, port: int) -> socket.socket:
 def run_server(llm: AsyncLLM, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
                log_level: str = "info", api_key: str | tuple[str, ...] | None = None,
                allowed_hosts: tuple[str, ...] = (), limits: ServerLimits = ServerLimits(),
-               sock: socket.socket | None = None) -> bool:
+               sock: socket.socket | None = None, admin_key: str | None = None, metrics_public: bool = False) -> bool:
     """Serve until Ctrl-C or SIGTERM (blocking); False if it stopped because the engine cannot serve.
     `sock`: a socket bound_socket(host, port) took, else the port is bound now."""
     limits, drain = _descriptors_for(limits), Drain()
     sock = sock or bound_socket(host, port)
-    app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), limits, drain)
+    app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), limits, drain, admin_key,
+                    metrics_public)
     server, failed = uvicorn.Server(_config(app, host, port, log_level, limits)), []
     threading.Thread(target=_watch, args=(llm, server, drain, limits, failed), name="nano_infer-watchdog",
                      daemon=True).start()
@@ -115,9 +116,11 @@ class BackgroundServer:
     def __init__(self, llm: AsyncLLM, host: str = "127.0.0.1", port: int = 0,
                  served_model_name: str | None = None, log_level: str = "warning",
                  api_key: str | tuple[str, ...] | None = None, allowed_hosts: tuple[str, ...] = (),
-                 limits: ServerLimits = ServerLimits(shutdown_timeout=2)):
+                 limits: ServerLimits = ServerLimits(shutdown_timeout=2), admin_key: str | None = None,
+                 metrics_public: bool = False):
         drain = Drain()
-        app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), limits, drain)
+        app = build_app(llm, served_model_name, api_key, allowed_hosts_for(host, allowed_hosts), limits, drain, admin_key,
+                        metrics_public)
         self.server, self.failed = uvicorn.Server(_config(app, host, port, log_level, limits)), []
         self.thread = threading.Thread(target=self.server.run, name="nano_infer-server", daemon=True)
         self.thread.start()

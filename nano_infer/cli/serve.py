@@ -34,6 +34,12 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer <key>' on /v1/*; repeat for several tenants, each key one "
                         "(default: $NANO_INFER_API_KEY, comma-separated keys, else none)")
+    p.add_argument("--admin-key", default=os.environ.get("NANO_INFER_ADMIN_KEY"), metavar="KEY",
+                   help="the key GET /metrics needs ('Authorization: Bearer <key>'), unlike every API key: the "
+                        "counters move with every tenant's requests (default: $NANO_INFER_ADMIN_KEY, else none: "
+                        "/metrics answers 403)")
+    p.add_argument("--metrics-public", action="store_true",
+                   help="serve GET /metrics to anyone, without a key (a server whose clients all trust each other)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="also answer requests whose Host header is NAME (bound to localhost, only localhost "
                         "names are answered, against DNS rebinding; repeatable)")
@@ -78,6 +84,9 @@ def serve(args: argparse.Namespace) -> int:
     from ..api_server import run_server
     from ..api_server.runner import bound_socket
 
+    if args.admin_key is not None and (not args.admin_key or args.admin_key in api_keys(args)):
+        print("error: --admin-key must be non-empty and differ from every --api-key", file=sys.stderr)
+        return 2
     try:
         sock = bound_socket(args.host, args.port)
     except OSError as e:
@@ -102,7 +111,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         with _sigterm_as_ctrl_c():
             served = run_server(llm, args.host, args.port, args.served_model_name, args.log_level, api_keys(args),
-                                tuple(args.allowed_host), limits, sock)
+                                tuple(args.allowed_host), limits, sock, args.admin_key, args.metrics_public)
     finally:
         llm.shutdown()
     return 0 if served else 1

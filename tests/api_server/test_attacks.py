@@ -30,12 +30,12 @@ from nano_infer.constrained import ConstraintLimits
 from nano_infer.outputs import RequestOutput
 from nano_infer.api_server.protocol import JSON_OBJECT
 from nano_infer.api_server import BackgroundServer, ServerLimits
+from tests.helpers.attacks import (ATTACKER, CHAT, COMPILE_TIMEOUT, MAX_GAP, ROUND2_LIMITS, VICTIM, Flood, Victims,
+                                   as_attacker, beside_victims, chat, metric, post, settle, two_tenants,
+                                   victim_first_tokens)
 from tests.helpers.engine_checks import assert_idle_and_blocks_free, free_port, serving, wait_until_serving
 
 pytestmark = pytest.mark.slow  # live servers under load, one per fixture, and processes killed on purpose
-VICTIM_TOKENS = 48
-MAX_GAP = 2.0  # seconds between two chunks of a victim's stream, or before its first
-COMPILE_TIMEOUT = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -43,71 +43,6 @@ def served(qwen2_dir):
     with serving(qwen2_dir, constraint_limits=ConstraintLimits(timeout=COMPILE_TIMEOUT)) as (llm, server):
         asyncio.run(llm.precompile(SamplingParams(json_schema=JSON_OBJECT)))  # as `nano-infer serve` does at start
         yield llm, server
-
-
-class Victims:
-    """Streams chat completions back to back on a thread, recording when each chunk arrives."""
-
-    def __init__(self, url: str, key: str | None = None):
-        self.url, self.stop, self.streams, self.errors = url, threading.Event(), [], []
-        self.headers = {"authorization": f"Bearer {key}"} if key else {}
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        body = {"messages": [{"role": "user", "content": "To be, or not to be?"}], "max_tokens": VICTIM_TOKENS,
-                "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        with httpx.Client(timeout=60, headers=self.headers) as client:
-            while not self.stop.is_set():
-                times, usage, finish = [time.monotonic()], None, None
-                self.streams.append(times)  # filled in as chunks arrive
-                try:
-                    with client.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
-                        for line in r.iter_lines():
-                            if not line.startswith("data: ") or line == "data: [DONE]":
-                                continue
-                            times.append(time.monotonic())
-                            chunk = json.loads(line[6:])
-                            if "error" in chunk:
-                                raise RuntimeError(chunk["error"])
-                            usage = chunk.get("usage") or usage
-                            finish = next((c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]), finish)
-                    if r.status_code != 200 or usage is None or usage["completion_tokens"] != VICTIM_TOKENS or finish != "length":
-                        raise RuntimeError(f"victim stream ended short: {r.status_code} {usage} {finish}")
-                except Exception as e:  # noqa: BLE001 - recorded, asserted on by the test
-                    self.errors.append(repr(e))
-
-    def next_chunk_after(self, moment: float, timeout: float = 60.0) -> float:
-        """Wait for a victim chunk later than `moment`, so a wait that spans it is measured whole."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.streams and self.streams[-1][-1] > moment:
-                return moment
-            time.sleep(0.02)
-        return moment
-
-    def worst_gap(self, start: float, end: float) -> float:
-        """The longest wait for a chunk (or a first chunk) that overlaps [start, end]."""
-        gaps = [b - a for times in self.streams for a, b in zip(times, times[1:]) if b >= start and a <= end]
-        return max(gaps, default=float("inf"))
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(30)
-
-
-def post(url, path, body=None, content=None, timeout=30.0, headers=None):
-    return httpx.post(url + path, json=body, content=content, timeout=timeout, headers=headers)
-
-
-CHAT = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
-
-
-def chat(**extra):
-    return {**CHAT, **extra}
 
 
 def pathological_schema(i):
@@ -237,46 +172,12 @@ def test_a_json_schema_response_after_the_attacks_is_valid(server):
 
 
 # -- Round 2 (issue 26): two tenants, each attack from the attacker's key beside the victim's streams --------------
-VICTIM, ATTACKER = "victim-key", "attacker-key"
-ROUND2_LIMITS = ServerLimits(request_timeout=1.5, max_connections_per_peer=32, max_requests_per_tenant=24,
-                             max_queued_per_tenant=3, body_bytes_per_s=8 * 1024**2, send_timeout=3, shutdown_timeout=2)
 
 
 @pytest.fixture(scope="module")
 def tenants(qwen2_dir):
-    """A server with two API keys (two tenants), 16 sequences per step, small connection limits."""
-    from nano_infer.async_engine.async_llm import AsyncLLM
-
-    llm = AsyncLLM(str(qwen2_dir), dtype="float32", block_size=4, max_num_seqs=16,
-                   constraint_limits=ConstraintLimits(timeout=COMPILE_TIMEOUT))
-    server = BackgroundServer(llm, api_key=(VICTIM, ATTACKER), limits=ROUND2_LIMITS)
-    yield llm, server
-    server.stop()
-    llm.shutdown()
-
-
-def as_attacker(url, path, body=None, key=ATTACKER, **kw):
-    return post(url, path, body, headers={"authorization": f"Bearer {key}", **kw.pop("headers", {})}, **kw)
-
-
-def beside_victims(url, attack):
-    """Run `attack()` while the victim tenant streams; the victims must finish whole, no gap over MAX_GAP."""
-    with Victims(url, VICTIM) as victims:
-        while not victims.streams or len(victims.streams[0]) < 3:
-            time.sleep(0.02)
-        start = time.monotonic()
-        result = attack()
-        gap = victims.worst_gap(start, victims.next_chunk_after(time.monotonic()))
-    assert not victims.errors, victims.errors[:3]
-    assert gap < MAX_GAP, gap
-    return result
-
-
-def settle(llm):
-    deadline = time.monotonic() + 20
-    while llm.engine.requests and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert_idle_and_blocks_free(llm.engine)
+    with two_tenants(qwen2_dir) as both:
+        yield both
 
 
 def test_1_stop_token_ids_are_capped(tenants):
@@ -586,47 +487,6 @@ def slow_tokenizer(llm, monkeypatch):
     monkeypatch.setattr(llm, "_prompt_ids", slow)
 
 
-def victim_first_tokens(url, count=3) -> float:
-    """The slowest of `count` first tokens of the victim tenant's streams, one after another."""
-    body = {**chat(max_tokens=4, ignore_eos=True), "stream": True}
-    worst = 0.0
-    with httpx.Client(timeout=120, headers={"authorization": f"Bearer {VICTIM}"}) as client:
-        for _ in range(count):
-            start = time.monotonic()
-            with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
-                assert r.status_code == 200, r.read()
-                next(line for line in r.iter_lines() if line.startswith("data: "))
-            worst = max(worst, time.monotonic() - start)
-    return worst
-
-
-class Flood:
-    """`loops` threads posting `body` (bytes) as the attacker, back to back, until the block ends."""
-
-    def __init__(self, url, path, body: bytes, loops: int):
-        self.stop, self.statuses = threading.Event(), collections.Counter()
-        self.threads = [threading.Thread(target=self._loop, args=(url, path, body), daemon=True) for _ in range(loops)]
-
-    def _loop(self, url, path, body):
-        with httpx.Client(timeout=120, headers={"authorization": f"Bearer {ATTACKER}",
-                                                "content-type": "application/json"}) as client:
-            while not self.stop.is_set():
-                self.statuses[client.post(url + path, content=body).status_code] += 1
-
-    def __enter__(self):
-        self.start = time.monotonic()
-        for t in self.threads:
-            t.start()
-        time.sleep(1.0)  # the backlog builds up
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(120)
-        self.seconds = time.monotonic() - self.start
-
-
 def test_17_one_tenants_tokenizing_backlog_does_not_delay_another(tenants, monkeypatch):
     """16 chats in a loop and two bodies of 64 prompts, each slow to tokenize: the other tenant's
     first token waits for at most one of them (per-tenant queues served in turn), not for all."""
@@ -838,11 +698,6 @@ def test_25_a_tenants_bodies_are_read_at_its_pace(tenants):
 
 
 # -- Round 4 (issue 53) ---------------------------------------------------------------------------------------------
-def metric(url, name) -> float:
-    text = httpx.get(url + "/metrics").text
-    return float(next(line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(f"nano_infer_{name}{{")))
-
-
 def test_26_a_client_that_hangs_up_mid_body_is_counted_not_an_internal_error(tenants):
     """20 requests that promise 1,000 bytes of body, send 8 and close: each a hang-up on /metrics and a log
     line, none an internal error (they were each a 500 with a traceback)."""

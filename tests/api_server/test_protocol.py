@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from nano_infer import LLM, SamplingParams
-from tests.helpers.engine_checks import serving
+from tests.helpers.engine_checks import ADMIN_KEY, metrics_text, serving
 
 CHAT = [{"role": "user", "content": "To be, or not to be?"}]
 
@@ -124,13 +124,36 @@ def test_completion_logprobs_and_echo(client, model):
 
 def test_metrics_in_prometheus_format(server, client, model):
     client.chat.completions.create(model=model, messages=CHAT, max_tokens=5, extra_body={"ignore_eos": True})
-    text = httpx.get(server.url + "/metrics").text
+    text = metrics_text(server.url)
     values = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(nano_infer_\w+)\{[^}]*\} (\S+)$", text, re.M)}
     assert values["nano_infer_num_requests_running"] == 0 and values["nano_infer_num_requests_waiting"] == 0
     assert values["nano_infer_generation_tokens_total"] >= 5
     assert values["nano_infer_kv_blocks_used"] + values["nano_infer_kv_blocks_free"] == values["nano_infer_kv_blocks_total"]
     assert 0 <= values["nano_infer_prefix_cache_hit_rate"] <= 1
     assert "# TYPE nano_infer_generation_tokens_total counter" in text
+
+
+def test_metrics_answer_the_admin_key_only(server, allm):
+    """Its counters move with every tenant's requests: a tenant reading them beside another's request reads
+    that request's prompt length. So a key other than the admin's (or none) gets 401, and a server started
+    without an admin key answers 403 saying how to serve them; `metrics_public` serves them to anyone."""
+    from nano_infer.api_server import BackgroundServer
+
+    for headers in ({}, {"authorization": "Bearer tenant-key"}, {"authorization": f"Basic {ADMIN_KEY}"},
+                    {"authorization": f"Bearer {ADMIN_KEY}x"}):
+        r = httpx.get(server.url + "/metrics", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", (headers, r.text)
+    assert "nano_infer_generation_tokens_total" in metrics_text(server.url)
+    for options, status in (({}, 403), ({"metrics_public": True}, 200), ({"admin_key": "a", "metrics_public": True}, 200)):
+        other = BackgroundServer(allm, **options)
+        try:
+            r = httpx.get(other.url + "/metrics")
+        finally:
+            other.stop()
+        assert r.status_code == status, (options, r.text)
+        assert status == 200 or "--metrics-public" in r.json()["error"]["message"]
+    with pytest.raises(ValueError, match="admin key"):
+        BackgroundServer(allm, api_key=("k1", "k2"), admin_key="k2")
 
 
 def test_errors_never_reveal_the_model_path(server, allm):

@@ -6,6 +6,7 @@ import time
 import httpx
 import pytest
 
+ADMIN_KEY = "admin-key"  # what `serving` gives its server for /metrics
 START_S = 180  # import torch, load the model, start uvicorn: a bound for a slow machine, not a speed check
 
 
@@ -37,12 +38,19 @@ def serving(model_dir, **options):
     from nano_infer.api_server import BackgroundServer
 
     llm = AsyncLLM(str(model_dir), dtype="float32", block_size=4, **options)
-    server = BackgroundServer(llm)
+    server = BackgroundServer(llm, admin_key=ADMIN_KEY)
     try:
         yield llm, server
     finally:
         server.stop()
         llm.shutdown()
+
+
+def metrics_text(url: str, admin_key: str = ADMIN_KEY) -> str:
+    """GET /metrics as the server's admin."""
+    reply = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {admin_key}"})
+    assert reply.status_code == 200, reply.text
+    return reply.text
 
 
 def free_port() -> int:

@@ -7,7 +7,7 @@ import httpx
 from nano_infer import LLM, SamplingParams
 from nano_infer.cli.engine_args import add_engine_args, engine_kwargs
 from nano_infer.async_engine.metrics import EngineMetrics
-from tests.helpers.engine_checks import serving
+from tests.helpers.engine_checks import metrics_text, serving
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 BS = 4
@@ -101,6 +101,6 @@ def test_server_with_a_host_tier_serves_and_reports_it(qwen2_dir):
                    for p in prompts(6, 32, seed=5) * 2]
         assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]
         cached = [r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for r in replies[6:]]
-        values = metric_values(httpx.get(server.url + "/metrics").text)
+        values = metric_values(metrics_text(server.url))
     assert values["nano_infer_kv_load_blocks_total"] > 0 and values["nano_infer_kv_host_hits_total"] > 0
     assert sum(cached) >= values["nano_infer_kv_host_hits_total"]
