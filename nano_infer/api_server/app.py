@@ -34,7 +34,7 @@ from ..async_engine.metrics import EngineMetrics
 from .protocol import (ChatBody, CompletionBody, ContentPart, ProtocolError, check_reply_size, completion_prompts,
                         max_prompt_tokens)
 from .sampling import sampling_params
-from .tools import chat_messages, tool_plan
+from .tools import ToolPlan, chat_messages, tool_plan
 from ..sampling_params import SamplingParams
 from .body import BodyParser
 from .errors import EXCEPTION_HANDLERS, APIError
@@ -113,15 +113,17 @@ def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, parser: BodyParser, w
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await parser.parse(request, CompletionBody)
-        prompts, params = _completion_request(body, model_name, llm.stats.max_model_len)
-        return await _generate(llm, work, request, body, prompts, params, model_name, chat=False)
+        max_model_len = llm.stats.max_model_len
+        body, (prompts, params) = await parser.parse(
+            request, CompletionBody, lambda body: _completion_request(body, model_name, max_model_len))
+        return await _generate(llm, work, request, body, prompts, params, model_name, None)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await parser.parse(request, ChatBody)
-        messages, params = _chat_request(body, model_name, llm.stats.max_model_len)
-        return await _generate(llm, work, request, body, [messages], params, model_name, chat=True)
+        max_model_len = llm.stats.max_model_len
+        body, (messages, params, plan) = await parser.parse(
+            request, ChatBody, lambda body: _chat_request(body, model_name, max_model_len))
+        return await _generate(llm, work, request, body, [messages], params, model_name, plan)
 
 
 def _completion_request(body: CompletionBody, model_name: str, max_model_len: int) -> tuple[list, SamplingParams]:
@@ -141,8 +143,8 @@ def _completion_request(body: CompletionBody, model_name: str, max_model_len: in
     return prompts, sampling_params_from(body, max_tokens, body.logprobs, body.logprobs if body.echo else None)
 
 
-def _chat_request(body: ChatBody, model_name: str, max_model_len: int) -> tuple[list[dict], SamplingParams]:
-    """The messages, for the chat template, and the sampling parameters of a /v1/chat/completions body."""
+def _chat_request(body: ChatBody, model_name: str, max_model_len: int) -> tuple[list[dict], SamplingParams, ToolPlan | None]:
+    """The messages, for the chat template, the sampling parameters and the tool plan of a /v1/chat/completions body."""
     _check_model(body.model, model_name)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
@@ -150,7 +152,7 @@ def _chat_request(body: ChatBody, model_name: str, max_model_len: int) -> tuple[
     max_tokens, logprobs = body.max_completion_tokens or body.max_tokens, (body.top_logprobs or 0) if body.logprobs else None
     with _refusal():
         check_reply_size([0], body.n, max_tokens, logprobs, max_model_len)
-    return messages, sampling_params_from(body, max_tokens, logprobs)
+    return messages, sampling_params_from(body, max_tokens, logprobs), tool_plan(body)
 
 
 @contextlib.contextmanager
@@ -195,9 +197,10 @@ class _ClientGone(Exception):
 
 
 async def _generate(llm: AsyncLLM, work: FairQueue, request: Request, body, prompts: list, params: SamplingParams,
-                    model_name: str, chat: bool) -> Response:
+                    model_name: str, plan: ToolPlan | None) -> Response:
     """Run one request (one or more prompts): its whole reply as JSON, or its stream once every
-    prompt has its first output."""
+    prompt has its first output. `plan`: a chat's tools (a completion's is None)."""
+    chat = isinstance(body, ChatBody)
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     head = {"id": request_id, "created": int(time.time()), "model": model_name}
     echo = not chat and body.echo
@@ -205,7 +208,7 @@ async def _generate(llm: AsyncLLM, work: FairQueue, request: Request, body, prom
     params = replace(params, cache_salt=tenant.cache_salt(body.cache_salt))
     outputs = fan_out(llm, prompts, params, request_id, stream=body.stream, echo_only=echo and body.max_tokens == 0,
                       tenant=tenant.name, priority=body.priority)
-    render = _Render(llm.tokenizer, chat, params.logprobs, echo, tool_plan(body) if chat else None)
+    render = _Render(llm.tokenizer, chat, params.logprobs, echo, plan)
     try:
         if not body.stream:
             collected = await unless_disconnected(request, _whole_reply(outputs))

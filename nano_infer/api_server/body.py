@@ -12,6 +12,9 @@ the JSON Schema compiler.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import TypeVar
+
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
@@ -19,17 +22,27 @@ from ..async_engine.fair_queue import FairQueue, TenantBacklogFull
 from .errors import APIError, invalid_field
 from .limits import ServerLimits
 
+T = TypeVar("T")
+
 
 class BodyParser:
     def __init__(self, limits: ServerLimits, work: FairQueue):
         self.limits, self.work = limits, work
 
-    async def parse(self, request: Request, model: type[BaseModel]) -> BaseModel:
+    async def parse(self, request: Request, model: type[BaseModel], build: Callable[[BaseModel], T]) -> tuple[BaseModel, T]:
+        """The body as `model`, and `build(body)`: what the route makes of it (its prompts, its sampling
+        parameters), in the same worker turn. Building reads JSON carried inside fields (a schema as a
+        string, tool calls' arguments) and dumps the tools for the template: work a client sizes, kept
+        off the event loop that every other stream's chunks pass through."""
         raw = await request.body()
         try:
-            return await self.work.run(request.state.tenant.name, self._parse, raw, model)
+            return await self.work.run(request.state.tenant.name, self._parse_and_build, raw, model, build)
         except TenantBacklogFull as e:
             raise APIError(429, str(e), "rate_limit_error", headers={"Retry-After": "1"}) from None
+
+    def _parse_and_build(self, raw: bytes, model: type[BaseModel], build: Callable[[BaseModel], T]) -> tuple[BaseModel, T]:
+        body = self._parse(raw, model)
+        return body, build(body)
 
     def _parse(self, raw: bytes, model: type[BaseModel]) -> BaseModel:
         try:

@@ -582,9 +582,7 @@ def test_21_a_crash_in_a_handler_is_a_json_500_counted_on_metrics(tenants, monke
         raise RuntimeError("/secret/internal/path")
 
     def crashes():
-        text = httpx.get(server.url + "/metrics").text
-        return float(next(line.split()[-1] for line in text.splitlines()
-                          if line.startswith("nano_infer_server_internal_errors_total")))
+        return metric(server.url, "server_internal_errors_total")
 
     before = crashes()
     monkeypatch.setattr(app_module, "_chat_request", crash)
