@@ -1,13 +1,35 @@
-"""uvicorn's h11 protocol with the two connection limits uvicorn does not have.
+"""uvicorn's h11 protocol with the connection limits uvicorn does not have.
 
-uvicorn closes a connection idle between requests (timeout_keep_alive) and answers 503 to a
-request beyond limit_concurrency, but it keeps every connection it accepts until the client
-closes it, and starts no timer before a connection's first request: 20,000 connections that
-sent one byte each ran the server out of file descriptors. Here a connection beyond
-`max_connections`, or beyond `max_connections_per_peer` from one address, gets 503 and is closed
-at once, and a request whose head and body have not all arrived `request_timeout` seconds after
-its first byte is closed (a stream in progress is not: its request has arrived, nor a request held
-unread in its tenant's queue, tenants.py).
+uvicorn closes a connection idle between requests (timeout_keep_alive), but it keeps every
+connection it accepts until the client closes it, and starts no timer before a connection's
+first request: 20,000 connections that sent one byte each ran the server out of file
+descriptors. And a cap per address alone lets a few addresses at their caps take every
+connection, idle, while everyone else is refused.
+
+So connections are counted per network, grouped as tenants without API keys are (tenants.py: an
+address, an IPv6 /64): an IPv6 host holds a whole /64, and a cap per address would let it open as
+many connections as it has addresses. A new connection from a network holding `h`, while `n` are
+open, is let in when
+
+  - h < max_connections_per_peer, and
+  - n < max_connections - reserved_connections, or h < max_connections - n: the last
+    `reserved_connections` go only to networks holding fewer than are left, so each network
+    takes at most half of what is left of them, and the very last only a network holding none.
+
+Else, if the network holding the most connections holds more than h + 1, its oldest idle
+connection (kept alive between requests, or whose request head has not all arrived) is closed
+and the new one takes its place; else the new one gets 503 and is closed at once. A host that
+holds idle connections up to its cap gives them up to a host that holds fewer, and no busy one
+is closed: a stream, or a request its tenant's queue holds unread, keeps its connection.
+
+What an operator sees: a load client at 256 concurrent requests fits the defaults with room to
+spare, and so does a proxy up to max_connections_per_peer; the proxy is one network, so a
+server behind one raises --max-connections-per-client to near --max-connections (its own clients
+are told apart by API key, not by connection).
+
+A request whose head and body have not all arrived `request_timeout` seconds after its first
+byte, or a connection that sent nothing for as long, is closed (a stream in progress is not: its
+request has arrived, nor a request held unread in its tenant's queue, tenants.py).
 """
 from __future__ import annotations
 
@@ -15,30 +37,103 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .limits import ServerLimits
+from .tenants import Tenants
 
 _BUSY_BODY = b'{"error": {"message": "too many open connections", "type": "service_unavailable", "param": null}}'
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
          b"content-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
 
 
+class Admission:
+    """The connections each network holds, and whether one more may open (the rule above).
+
+    A connection is any object with an `idle` flag and an `evict()` that closes it."""
+
+    def __init__(self, limits: ServerLimits):
+        self.limits = limits
+        self.networks = Tenants((), limits)  # names a network as a tenant without a key is named
+        self.held: dict[str, dict] = {}  # network -> its connections (a dict: oldest first), never empty
+        self.open = 0
+
+    def network(self, client: tuple[str, int] | None) -> str:
+        return self.networks.identify([], client)
+
+    def admit(self, conn, network: str) -> bool:
+        """Count `conn` as one of `network`'s if the rule lets it in, evicting an idle connection when
+        that makes the room; False: it must be refused."""
+        holds = len(self.held.get(network, ()))
+        if holds >= self.limits.max_connections_per_peer:
+            return False
+        if not self._room_for(holds) and not self._evict_for(holds):
+            return False
+        self.held.setdefault(network, {})[conn] = None
+        self.open += 1
+        return True
+
+    def release(self, conn, network: str) -> None:
+        """`conn` closed (or was evicted): no longer counted. Releasing it twice counts once."""
+        conns = self.held.get(network, {})
+        if conn not in conns:
+            return
+        del conns[conn]
+        self.open -= 1
+        if not conns:
+            del self.held[network]
+
+    def _room_for(self, holds: int) -> bool:
+        total, left = self.limits.max_connections, self.limits.max_connections - self.open
+        return self.open < total - self.limits.reserved_connections or holds < left
+
+    def _evict_for(self, holds: int) -> bool:
+        """Close the oldest idle connection of the largest holder, if it holds more than `holds` + 1."""
+        if not self.held:
+            return False
+        network, conns = max(self.held.items(), key=lambda item: len(item[1]))
+        if len(conns) <= holds + 1:
+            return False
+        idle = next((c for c in conns if c.idle), None)
+        if idle is None:
+            return False
+        self.release(idle, network)
+        idle.evict()
+        return True
+
+
 def protocol_class(limits: ServerLimits) -> type:
-    """The h11 protocol, bound to `limits` (uvicorn builds one per connection from `Config.http`)."""
-    return type("GuardedH11Protocol", (_GuardedH11,), {"limits": limits})
+    """The h11 protocol, bound to `limits` and to one server's Admission (uvicorn builds one protocol per
+    connection from `Config.http`)."""
+    return type("GuardedH11Protocol", (_GuardedH11,), {"limits": limits, "admission": Admission(limits)})
 
 
 class _GuardedH11(H11Protocol):
     limits: ServerLimits
+    admission: Admission
     _deadline = None
+    _network = None  # set once admitted
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # uvicorn answers 503 to a request while limit_concurrency connections are open, counting the one asking
+        # and those being refused: the connection Admission let in last would be refused its first request
+        self.limit_concurrency = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        peer = self.client[0] if self.client else None
-        same_peer = sum(1 for c in self.connections if c.client and c.client[0] == peer)
-        if len(self.connections) > self.limits.max_connections or same_peer > self.limits.max_connections_per_peer:
+        network = self.admission.network(self.client)
+        if not self.admission.admit(self, network):
             self.transport.write(_BUSY)
             self.transport.close()
             return
+        self._network = network
         self._arm()
+
+    @property
+    def idle(self) -> bool:
+        """No request under way: kept alive between requests, or its request head has not all arrived."""
+        return self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE
+
+    def evict(self) -> None:
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._deadline is None and self.conn.their_state is h11.IDLE:  # the next request on a kept-alive connection
@@ -51,6 +146,8 @@ class _GuardedH11(H11Protocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        if self._network is not None:
+            self.admission.release(self, self._network)
         super().connection_lost(exc)
 
     def _arm(self) -> None:

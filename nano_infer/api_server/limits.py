@@ -20,10 +20,13 @@ class ServerLimits:
     max_body_depth: int = 128
     request_timeout: float = 30.0  # seconds for a request's head and body to arrive, once it has begun
     keep_alive: int = 5  # seconds an idle connection stays open between requests (uvicorn's timeout_keep_alive)
-    max_connections: int = 1024  # open connections; beyond, 503 and closed at once (uvicorn's limit_concurrency)
-    # open connections from one address, so one host cannot take them all; room for a load client's 256
-    # concurrent requests while its finished connections close
+    max_connections: int = 1024  # open connections; beyond, an idle one of the largest holder closes, else 503
+    # open connections from one network (an address, an IPv6 /64), so one host cannot take them all; room for a
+    # load client's 256 concurrent requests while its finished connections close
     max_connections_per_peer: int = 512
+    # the last of max_connections go to networks holding fewer than are left, so hosts that filled the rest
+    # leave room for one holding none (connections.py)
+    reserved_connections: int = 128
     max_requests_per_tenant: int = 64  # requests in flight per tenant (API key, else address); beyond, they wait
     max_queued_per_tenant: int = 512  # requests of one tenant waiting for one in flight to finish; beyond, 429
     tenant_ipv4_prefix: int = 32  # without keys, a tenant is an address's network: /32 the address alone

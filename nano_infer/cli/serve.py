@@ -53,9 +53,14 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-queued-per-tenant", type=int, default=DEFAULTS.max_queued_per_tenant,
                    help="requests of one tenant waiting for one in flight to finish; more get 429 (default: %(default)s)")
     p.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
-                   help="open connections; more get 503 and are closed (default: %(default)s)")
+                   help="open connections; past them a new one closes an idle one of the client holding the most, "
+                        "else gets 503 (default: %(default)s)")
     p.add_argument("--max-connections-per-client", type=int, default=DEFAULTS.max_connections_per_peer,
-                   help="open connections from one address (default: %(default)s)")
+                   help="open connections from one client address (IPv6: its /64); behind a proxy, raise it to near "
+                        "--max-connections (default: %(default)s)")
+    p.add_argument("--reserved-connections", type=int, default=DEFAULTS.reserved_connections,
+                   help="the last of --max-connections go only to clients holding fewer than are left, so a client "
+                        "holding none finds one (default: %(default)s)")
     p.add_argument("--request-timeout", type=float, default=DEFAULTS.request_timeout,
                    help="seconds a request's head and body may take to arrive (default: %(default)s)")
     p.add_argument("--send-timeout", type=float, default=DEFAULTS.send_timeout,
@@ -106,6 +111,7 @@ def serve(args: argparse.Namespace) -> int:
                           max_requests_per_tenant=args.max_requests_per_tenant,
                           max_queued_per_tenant=args.max_queued_per_tenant,
                           max_connections=args.max_connections, max_connections_per_peer=args.max_connections_per_client,
+                          reserved_connections=args.reserved_connections,
                           request_timeout=args.request_timeout, send_timeout=args.send_timeout,
                           shutdown_timeout=args.shutdown_timeout)
     try:
