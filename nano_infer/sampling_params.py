@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .constrained.params import GuidedDecodingParams, StructuredOutputsParams
+from .constrained.token_rules import MAX_LOGIT_BIAS, MAX_TOKEN_RULES, TokenRules, build_token_rules  # noqa: F401
 
 # Below this temperature, sampling is greedy (as in vLLM): dividing logits by 1e-300 would
 # overflow to inf and turn the softmax into NaN.
@@ -20,9 +21,6 @@ MAX_CACHE_SALT = 256  # characters
 MAX_TOP_K = 2**31 - 1
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit integer, what torch.Generator.manual_seed takes
 MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's range is [-2, 2]
-MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]
-# token lists a step turns into tensors: each id is a tensor element per step, so a list is capped
-MAX_TOKEN_RULES = 2**18  # logit_bias entries, allowed_token_ids (a 262k vocabulary fits)
 MAX_BAD_WORDS = 256
 
 
@@ -32,6 +30,11 @@ def _is_int(x) -> bool:
 
 def _is_real(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _refuse(name: str, value, allowed: str):
+    shown = repr(value) if len(repr(value)) <= 200 else repr(value)[:200] + "..."
+    raise ValueError(f"SamplingParams.{name}={shown} is invalid: must be {allowed}")
 
 
 @dataclass
@@ -88,6 +91,9 @@ class SamplingParams:
     # vLLM's way to ask for regex / json_schema / choice (and the older guided_decoding): mapped onto them
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: GuidedDecodingParams | None = None
+    # logit_bias and allowed_token_ids as tensors, made by validate(); a field, so that dataclasses.replace
+    # (the server's copy with the tenant's cache_salt) hands them on rather than making them again
+    token_rules: TokenRules | None = field(default=None, repr=False, compare=False)
     # bad_words as token id sequences, set by the engine on its own copy of the params (it has the tokenizer)
     bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
 
@@ -115,10 +121,7 @@ class SamplingParams:
             setattr(self, name, value)
 
     def validate(self) -> None:
-        def bad(name, value, allowed):
-            shown = repr(value) if len(repr(value)) <= 200 else repr(value)[:200] + "..."
-            raise ValueError(f"SamplingParams.{name}={shown} is invalid: must be {allowed}")
-
+        bad = _refuse
         if not _is_int(self.n) or self.n < 1:
             bad("n", self.n, "an integer >= 1")
         if not _is_real(self.temperature) or self.temperature < 0:
@@ -167,23 +170,22 @@ class SamplingParams:
             bad("min_tokens", self.min_tokens, "an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad("min_tokens", self.min_tokens, f"at most max_tokens={self.max_tokens}")
-        if self.logit_bias is not None and (
-                not isinstance(self.logit_bias, dict) or len(self.logit_bias) > MAX_TOKEN_RULES
-                or not all(_is_int(t) and t >= 0 and _is_real(b) for t, b in self.logit_bias.items())):
-            bad("logit_bias", self.logit_bias, f"a dict of at most {MAX_TOKEN_RULES} token ids >= 0 to finite numbers")
-        if self.logit_bias:  # OpenAI's range; vLLM clamps to it too
-            self.logit_bias = {t: min(max(float(b), -MAX_LOGIT_BIAS), MAX_LOGIT_BIAS) for t, b in self.logit_bias.items()}
+        self.compact_token_rules()
         if self.bad_words is not None and (
                 not isinstance(self.bad_words, list) or len(self.bad_words) > MAX_BAD_WORDS
                 or not all(isinstance(w, str) and w.strip() and len(w) <= MAX_STOP_LENGTH for w in self.bad_words)):
             bad("bad_words", self.bad_words, f"a list of at most {MAX_BAD_WORDS} non-blank strings of at most "
                                              f"{MAX_STOP_LENGTH} characters")
-        if self.allowed_token_ids is not None and (
-                not isinstance(self.allowed_token_ids, list) or not 0 < len(self.allowed_token_ids) <= MAX_TOKEN_RULES
-                or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)):
-            bad("allowed_token_ids", self.allowed_token_ids, f"a non-empty list of at most {MAX_TOKEN_RULES} token ids >= 0")
         if not isinstance(self.include_stop_str_in_output, bool):
             bad("include_stop_str_in_output", self.include_stop_str_in_output, "True or False")
+
+    def compact_token_rules(self) -> TokenRules:
+        """logit_bias and allowed_token_ids as TokenRules, made again only where a field was reassigned since."""
+        rules = self.token_rules
+        if rules is None or rules.sources[0] is not self.logit_bias or rules.sources[1] is not self.allowed_token_ids:
+            self.token_rules = build_token_rules(self.logit_bias, self.allowed_token_ids, _refuse)
+            self.logit_bias = self.token_rules.sources[0]
+        return self.token_rules
 
     @property
     def adjusts_logits(self) -> bool:

@@ -2,10 +2,12 @@
 
 Each rule runs as a few tensor ops over the rows that use it (a step's other rows are not
 touched), so a batch of 256 rows with one penalised request costs one gather/scatter, not 256
-Python loops over the vocabulary. Only the index lists (which token of which row) are built in
-Python, from token lists the sequences hold anyway. The rules see a `Row`, not a sequence: a
-speculative verify scores k + 1 positions of one sequence, each after a different prefix of the
-proposal, and passes a row for each (spec/decoder.py).
+Python loops over the vocabulary. logit_bias and allowed_token_ids come as tensors made once per
+request (SamplingParams.token_rules): a step scatters each request's once, however many rows (its
+n samples) read it, and no step makes a Python object per id. Other index lists (which token of
+which row) are built in Python, from token lists the sequences hold anyway. The rules see a `Row`,
+not a sequence: a speculative verify scores k + 1 positions of one sequence, each after a different
+prefix of the proposal, and passes a row for each (spec/decoder.py), all of one request.
 
 Order, as in vLLM: logit_bias, allowed_token_ids, bad_words, min_tokens, then the penalties. A
 constraint's mask is added before all of them (sampling.py); min_p and the temperature come after.
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling_params import SamplingParams
+from ..sampling_params import SamplingParams, TokenRules
 
 NEG_INF = float("-inf")
 
@@ -64,24 +66,53 @@ def _token_counts(lists: list[list[int]], vocab_size: int, device) -> torch.Tens
 
 
 def _logit_bias(logits, rows, _eos) -> None:
-    items = [(i, t, b) for i, r in enumerate(rows) if r.params.logit_bias for t, b in r.params.logit_bias.items()
-             if t < logits.shape[-1]]
-    if items:
-        i, t, b = zip(*items)
-        logits.index_put_((torch.tensor(i, device=logits.device), torch.tensor(t, device=logits.device)),
-                          torch.tensor(b, dtype=logits.dtype, device=logits.device), accumulate=True)
+    """Each request's bias scattered into one vocabulary row, added to each of its rows (to what is there)."""
+    at, group, rules = _by_request(rows, 0, logits.device)
+    if rules:
+        values = torch.cat([r[1] for r in rules]).to(logits.dtype)
+        logits[at] += _dense([r[0] for r in rules], values, logits)[group]
 
 
 def _allowed_token_ids(logits, rows, _eos) -> None:
-    idx = [i for i, r in enumerate(rows) if r.params.allowed_token_ids is not None]
-    if idx:
-        keep = torch.zeros(len(idx), logits.shape[-1] + 1, dtype=torch.bool, device=logits.device)
-        allowed = [[min(t, logits.shape[-1]) for t in rows[i].params.allowed_token_ids] for i in idx]
-        dev = logits.device
-        keep[torch.repeat_interleave(torch.arange(len(idx), device=dev), torch.tensor([len(a) for a in allowed], device=dev)),
-             torch.tensor(list(itertools.chain.from_iterable(allowed)), device=dev)] = True
-        at = torch.tensor(idx, device=logits.device)
-        logits[at] = logits[at].masked_fill(~keep[:, :-1], NEG_INF)
+    """Each request's allowed ids scattered into one mask of the vocabulary; the rest of its rows -inf."""
+    at, group, rules = _by_request(rows, 2, logits.device)
+    if rules:
+        keep = _dense([r[2] for r in rules], True, logits)
+        logits[at] = logits[at].masked_fill(~keep[group], NEG_INF)
+
+
+def _by_request(rows, which: int, device) -> tuple[torch.Tensor, torch.Tensor, list[tuple]]:
+    """The rows whose request has tensor `which` of its TokenRules (bias ids, bias values, allowed ids), the
+    request of each (an index into the third), and each request's tensors on `device`. A request's rows
+    (its samples, a verify's positions) share one TokenRules, so its tensors are read once a step."""
+    at, group, seen = [], [], {}
+    for i, r in enumerate(rows):
+        rules = r.params.compact_token_rules()
+        if (rules.bias_ids, rules.bias_values, rules.allowed_ids)[which] is not None:
+            at.append(i)
+            group.append(seen.setdefault(id(rules), (len(seen), rules))[0])
+    return (torch.tensor(at, dtype=torch.long, device=device), torch.tensor(group, dtype=torch.long, device=device),
+            [_on(rules, device) for _, rules in seen.values()])
+
+
+def _on(rules: TokenRules, device) -> tuple:
+    """The rules' three tensors on `device`, copied there once per request (kept with its params)."""
+    if str(device) not in rules.on_device:
+        rules.on_device[str(device)] = tuple(None if t is None else t.to(device)
+                                             for t in (rules.bias_ids, rules.bias_values, rules.allowed_ids))
+    return rules.on_device[str(device)]
+
+
+def _dense(ids: list[torch.Tensor], values, logits: torch.Tensor) -> torch.Tensor:
+    """[len(ids), V] of `values`' dtype (bool for True): request g's `ids` set to its values, zero elsewhere;
+    ids past the logit rows (an EOS id of a padded vocabulary) land in an extra column, dropped."""
+    width, device = logits.shape[-1], logits.device
+    dtype = torch.bool if values is True else values.dtype
+    dense = torch.zeros(len(ids), width + 1, dtype=dtype, device=device)
+    owner = torch.repeat_interleave(torch.arange(len(ids), device=device),
+                                    torch.tensor([len(t) for t in ids], device=device))
+    dense[owner, torch.cat(ids).clamp(max=width)] = values
+    return dense[:, :width]
 
 
 def _bad_words(logits, rows, _eos) -> None:
@@ -132,10 +163,10 @@ def _presence_frequency_penalties(logits, rows, _eos) -> None:
 def resolve_token_rules(params: SamplingParams, tokenizer, vocab_size: int) -> SamplingParams:
     """The rules' token ids checked against the vocabulary, and bad_words tokenized (on a copy of the
     params: the caller's object may be shared by prompts of other engines). Raises ValueError."""
-    for name in ("logit_bias", "allowed_token_ids"):
-        ids = getattr(params, name) or ()
-        if any(t >= vocab_size for t in ids):
-            raise ValueError(f"SamplingParams.{name} has token id {max(ids)}: the vocabulary has {vocab_size} tokens")
+    rules = params.compact_token_rules()
+    for name, ids in (("logit_bias", rules.bias_ids), ("allowed_token_ids", rules.allowed_ids)):
+        if ids is not None and int(ids.max()) >= vocab_size:
+            raise ValueError(f"SamplingParams.{name} has token id {int(ids.max())}: the vocabulary has {vocab_size} tokens")
     if not params.bad_words:
         return params
     params = copy.copy(params)
