@@ -8,9 +8,13 @@ of worker processes (pebble's ProcessPool) at a lower CPU priority than the engi
   ValueError naming the limit;
 - a client that disconnects while its compile waits or runs cancels it (the worker is
   killed and replaced) unless another request is waiting for the same constraint;
-- results are cached by the constraint's canonical text (`constraint_key`), in the same
-  per-vocabulary cache the engine reads, and failures are remembered, so a schema that was
-  refused once is refused at once the next time;
+- results are cached by the constraint's canonical text (`constraint_key`) in the vocabulary's
+  cache, per tenant (`index_cache`): a tenant never gets, joins or evicts another's compile, so
+  timing a guessed schema reveals nothing of what another tenant asked. Only the operator's
+  constraints (trusted, compiled ahead, and json_object) are shared. Failures are remembered per
+  tenant too, so a schema that was refused once is refused at once the next time;
+- a JSON Schema whose regex would be too long is refused before it reaches a worker
+  (`schema_size`): its length is computed, not written;
 - at most `max_pending` different constraints compile or wait at once; more raise
   `CompilePoolBusy` (a server answers 503);
 - one tenant (a server's client) may have at most `per_tenant` of them (default: half the
@@ -28,12 +32,13 @@ import multiprocessing
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, replace
 
 import pebble
 
-from .constraint import cache_index, cached_index, compile_index, constraint_key
+from .constraint import cache_index, check_key, compile_index, constraint_key
+from .index_cache import SHARED
 from .limits import ConstraintLimits
 from .token_index import TokenIndex
 from .vocabulary import TokenVocabulary
@@ -79,8 +84,9 @@ class CompilePool:
         self._pool = pebble.ProcessPool(max_workers=workers, initializer=_init_worker,
                                         initargs=(vocab.token_bytes, vocab.eos_token_ids), context=context)
         self._lock = threading.Lock()
-        self._jobs: dict[tuple, _Job] = {}
-        self._failures: OrderedDict[tuple, tuple[ValueError, float]] = OrderedDict()  # key -> (error, until)
+        self._jobs: dict[tuple, _Job] = {}  # (owner, key) -> its compile
+        self._failures: OrderedDict[tuple, tuple[ValueError, float]] = OrderedDict()  # (owner, key) -> (error, until)
+        self.started: Counter = Counter()  # compiles sent to a worker, by owner: what each tenant made the pool do
 
     async def index(self, params, trusted: bool = False, tenant: str | None = None) -> TokenIndex | None:
         """The token index `params` asks for, or None for an unconstrained request.
@@ -88,56 +94,62 @@ class CompilePool:
         Raises ValueError for a constraint that is invalid or over the limits (including the
         time limit), CompilePoolBusy when too many compile at once. Cancelling the awaiting
         task cancels the compile unless another request waits for the same constraint.
-        `trusted` (the operator's own constraints, compiled ahead) lifts the time limit. A compile
-        another tenant started is shared, and counts toward their share only.
+        `trusted` (the operator's own constraints, compiled ahead) lifts the time limit and shares
+        the result with every tenant. Anything else is `tenant`'s own: compiled, cached and counted
+        toward its share for it alone.
         """
         key = constraint_key(params)
         if key is None:
             return None
-        self.limits.check_spec(key[0].replace("_", " "), key[1])  # megabytes never travel to a worker
-        index = cached_index(key, self.vocab)
+        check_key(key, self.limits)  # megabytes, and schemas that stand for gigabytes, never travel to a worker
+        shared = trusted or key == ANY_OBJECT_KEY
+        owner = SHARED if shared else tenant
+        index = self.vocab.index_cache.get(owner, key)
         if index is not None:
             return index
-        job = self._join(key, None if trusted or key == ANY_OBJECT_KEY else self.limits.timeout, tenant)
+        job = self._join((owner, key), None if shared else self.limits.timeout, tenant)
         try:
             return await asyncio.shield(asyncio.wrap_future(job.done))
         except asyncio.CancelledError:
-            self._leave(key, job)
+            self._leave((owner, key), job)
             raise
 
-    def _join(self, key, timeout: float | None, tenant: str | None) -> _Job:
+    def _join(self, owned: tuple, timeout: float | None, tenant: str | None) -> _Job:
+        """The compile of `owned` (owner, key): the one running for that owner, else a new one."""
         with self._lock:
-            failure = self._failures.get(key)
+            failure = self._failures.get(owned)
             if failure is not None:
                 error, until = failure
                 if time.monotonic() < until:
                     raise ValueError(str(error))
-                del self._failures[key]
-            job = self._jobs.get(key)
+                del self._failures[owned]
+            job = self._jobs.get(owned)
             if job is None:
                 if len(self._jobs) >= self.max_pending:
                     raise CompilePoolBusy(f"{len(self._jobs)} constraints are compiling already; try again shortly")
                 if tenant is not None and sum(j.tenant == tenant for j in self._jobs.values()) >= self.per_tenant:
                     raise TenantCompilesBusy(f"{self.per_tenant} constraint(s) of yours are compiling already, your "
                                              f"share of the compile workers; retry when they are done")
-                work = self._pool.schedule(_compile, args=(key, self.limits), timeout=timeout)
-                job = self._jobs[key] = _Job(work, concurrent.futures.Future(), tenant=tenant)
-                work.add_done_callback(lambda w: self._finished(key, job))
+                work = self._pool.schedule(_compile, args=(owned[1], self.limits), timeout=timeout)
+                job = self._jobs[owned] = _Job(work, concurrent.futures.Future(), tenant=tenant)
+                self.started[owned[0]] += 1
+                work.add_done_callback(lambda w: self._finished(owned, job))
             job.waiters += 1
             return job
 
-    def _finished(self, key, job: _Job) -> None:
+    def _finished(self, owned: tuple, job: _Job) -> None:
         """Runs on the pool's thread when a compile ends: cache, remember failures, wake the waiters."""
         work, done = job.work, job.done
         with self._lock:
-            if self._jobs.get(key) is job:
-                del self._jobs[key]
+            if self._jobs.get(owned) is job:
+                del self._jobs[owned]
         if work.cancelled():
             done.cancel()
             return
         error = work.exception()
         if error is None:
-            done.set_result(cache_index(key, self.vocab, replace(work.result(), token_bytes=self.vocab.token_bytes)))
+            index = replace(work.result(), token_bytes=self.vocab.token_bytes)
+            done.set_result(cache_index(owned[1], self.vocab, index, owned[0], self.limits))
             return
         forever = float("inf")
         if isinstance(error, TimeoutError):
@@ -153,19 +165,19 @@ class CompilePool:
             done.set_exception(error)
             return
         with self._lock:
-            self._failures[key] = (error, until)
+            self._failures[owned] = (error, until)
             if len(self._failures) > FAILURES_KEPT:
                 self._failures.popitem(last=False)
         done.set_exception(error)
 
-    def _leave(self, key, job: _Job) -> None:
+    def _leave(self, owned: tuple, job: _Job) -> None:
         """A waiter went away; the last one to go cancels the compile (pebble kills its worker)."""
         with self._lock:
             job.waiters -= 1
             if job.waiters > 0 or job.done.done():
                 return
-            if self._jobs.get(key) is job:
-                del self._jobs[key]
+            if self._jobs.get(owned) is job:
+                del self._jobs[owned]
         job.work.cancel()
 
     def close(self) -> None:

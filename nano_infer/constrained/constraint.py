@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-import threading
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 
 import torch
@@ -10,12 +10,11 @@ import torch
 from .byte_dfa import ByteDFA
 from .json_schema import escape, json_schema_to_regex, load_schema
 from .limits import ConstraintLimits
+from .schema_size import schema_regex_chars
 from .token_index import TokenIndex
 from .vocabulary import TokenVocabulary
 
-INDEX_CACHE_SIZE = 32  # token indexes kept per vocabulary (with their mask rows), least recently used dropped first
 DEFAULT_LIMITS = ConstraintLimits()
-_CACHE_LOCK = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -86,10 +85,19 @@ def constraint_key(params) -> tuple[str, str] | None:
     return None
 
 
-def key_regex(key: tuple[str, str], limits: ConstraintLimits = DEFAULT_LIMITS) -> str:
-    """The regex of a constraint key, within `limits`."""
+def check_key(key: tuple[str, str], limits: ConstraintLimits = DEFAULT_LIMITS) -> None:
+    """The limits a constraint key can be held to before any of it is compiled: its text's size and
+    nesting, and the length of a schema's regex (computed, not written). Cheap enough for an event loop."""
     kind, text = key
     limits.check_spec(kind.replace("_", " "), text)
+    if kind == "json_schema":
+        schema_regex_chars(json.loads(text), limits)
+
+
+def key_regex(key: tuple[str, str], limits: ConstraintLimits = DEFAULT_LIMITS) -> str:
+    """The regex of a constraint key, within `limits`."""
+    check_key(key, limits)
+    kind, text = key
     if kind == "regex":
         pattern = text
     elif kind == "json_schema":
@@ -106,31 +114,22 @@ def compile_index(key: tuple[str, str], vocab: TokenVocabulary, limits: Constrai
     return TokenIndex.build(dfa, vocab)
 
 
-def token_index(key: tuple[str, str], vocab: TokenVocabulary, limits: ConstraintLimits = DEFAULT_LIMITS) -> TokenIndex:
-    """The token index of a constraint key over `vocab`, from the vocabulary's LRU cache if there.
+def token_index(key: tuple[str, str], vocab: TokenVocabulary, limits: ConstraintLimits = DEFAULT_LIMITS,
+                owner: Hashable = None) -> TokenIndex:
+    """The token index of a constraint key over `vocab`, from the vocabulary's cache if `owner` may use one
+    kept there (index_cache: its own, or the operator's).
 
     Thread-safe: the engine thread and other threads may ask at once. The build itself
-    (seconds for a big schema) runs outside the lock; two threads building the same key at
+    (seconds for a big schema) runs outside the cache's lock; two threads building the same key at
     once both finish and one result is kept.
     """
-    cached = cached_index(key, vocab)
+    cached = vocab.index_cache.get(owner, key)
     if cached is not None:
         return cached
-    return cache_index(key, vocab, compile_index(key, vocab, limits))
+    return cache_index(key, vocab, compile_index(key, vocab, limits), owner, limits)
 
 
-def cached_index(key, vocab: TokenVocabulary) -> TokenIndex | None:
-    with _CACHE_LOCK:
-        index = vocab.index_cache.get(key)
-        if index is not None:
-            vocab.index_cache.move_to_end(key)
-        return index
-
-
-def cache_index(key, vocab: TokenVocabulary, index: TokenIndex) -> TokenIndex:
-    with _CACHE_LOCK:
-        index = vocab.index_cache.setdefault(key, index)
-        vocab.index_cache.move_to_end(key)
-        if len(vocab.index_cache) > INDEX_CACHE_SIZE:
-            vocab.index_cache.popitem(last=False)
-    return index
+def cache_index(key, vocab: TokenVocabulary, index: TokenIndex, owner: Hashable = None,
+                limits: ConstraintLimits = DEFAULT_LIMITS) -> TokenIndex:
+    """Keep `index` for `owner` within limits.cache_bytes; returns the index to use for `key`."""
+    return vocab.index_cache.put(owner, key, index, limits.cache_bytes)

@@ -131,6 +131,8 @@ class _Converter:
         return self.typed(kind, node, path)
 
     def typed(self, kind, node: dict, path: str) -> str:
+        if not isinstance(kind, str):
+            raise ValueError(f"'type' at {path} must be a type's name or a list of names, got {kind!r}")
         if kind in SIMPLE_TYPES:
             return SIMPLE_TYPES[kind]
         if kind in ("integer", "number"):

@@ -22,9 +22,13 @@ class ConstraintLimits:
     # and a schema 480 levels deep ran out of Python's stack (a crash, not a refusal)
     max_nesting: int = 100
     timeout: float = 20.0  # seconds of compiling per constraint, enforced by the server's worker pool
+    # compiled token indexes kept for reuse, every tenant's together, each counted at the most it can hold (its
+    # arrays and mask rows; index_cache): a server that kept each client's last 32 constraints with every mask row
+    # they had visited grew by gigabytes and held them after those requests were done
+    cache_bytes: int = 1 << 30
 
     def __post_init__(self):
-        for name in ("max_spec_chars", "max_regex_chars", "max_repeat", "max_dfa_states", "max_nesting"):
+        for name in ("max_spec_chars", "max_regex_chars", "max_repeat", "max_dfa_states", "max_nesting", "cache_bytes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"ConstraintLimits.{name} must be an integer >= 1")
         if not self.timeout > 0:

@@ -8,6 +8,7 @@ lookup of a precomputed row, never a walk over the vocabulary.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -16,6 +17,10 @@ import torch
 
 from .byte_dfa import ByteDFA, reaches
 from .vocabulary import TokenVocabulary
+
+# Bytes of mask rows one index keeps (all devices together), least recently used dropped first: n samples of a
+# many-state constraint each visit states of their own, and a row is 4 bytes per vocabulary entry.
+MASK_ROW_BYTES = 32 << 20
 
 
 @dataclass(eq=False)
@@ -29,10 +34,10 @@ class TokenIndex:
     transitions: np.ndarray  # [num_states, 256] int32: the byte DFA
     token_bytes: list[bytes | None] | None  # the vocabulary's own list (None while sent between processes)
     eos_token_ids: tuple[int, ...]
-    # Mask rows of the states visited so far, by (state, device). A full table would cost
-    # states x vocabulary x 4 bytes (hundreds of MB at a 151k vocabulary, for one schema),
-    # while a generation visits few states: 0.6 MB each at that size.
-    mask_rows: dict = field(default_factory=dict, repr=False)
+    # Mask rows of recently visited states, by (state, device), at most `rows_kept`. A full table
+    # would cost states x vocabulary x 4 bytes (hundreds of MB at a 151k vocabulary, for one
+    # schema), while a generation visits few states.
+    mask_rows: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     @property
     def num_states(self) -> int:
@@ -59,25 +64,41 @@ class TokenIndex:
             return -1
         rows = self._transition_rows
         for byte in data:
-            state = rows[state][byte]
+            state = rows[state, byte]
             if state < 0:
                 return -1
         return state if self.live[state] else -1
 
     @cached_property
-    def _transition_rows(self) -> list[list[int]]:
-        """The byte DFA as nested lists: the fastest per-byte lookup from Python."""
-        return self.transitions.tolist()
+    def _transition_rows(self) -> memoryview:
+        """The byte DFA read as `rows[state, byte]` -> int, with no copy: nested lists read a little
+        faster but hold a Python int object per entry, several times the array's own bytes."""
+        return memoryview(self.transitions)
+
+    @property
+    def rows_kept(self) -> int:
+        return max(1, MASK_ROW_BYTES // (4 * self.vocab_size))
+
+    @property
+    def max_bytes(self) -> int:
+        """The most this index can hold: its arrays and all the mask rows it may keep (what a cache counts)."""
+        arrays = (self.accepting, self.live, self.offsets, self.tokens, self.next_states, self.transitions)
+        return sum(a.nbytes for a in arrays) + min(self.num_states, self.rows_kept) * 4 * self.vocab_size
 
     def mask_row(self, state: int, device: torch.device) -> torch.Tensor:
         """[vocab_size] float32 on `device`: 0 for allowed tokens, -inf for the rest."""
-        row = self.mask_rows.get((state, device))
-        if row is None:
-            row = torch.full((self.vocab_size,), float("-inf"))
-            row[torch.from_numpy(self.allowed(state))] = 0.0
-            if self.accepting[state]:
-                row[list(self.eos_token_ids)] = 0.0
-            row = self.mask_rows[(state, device)] = row.to(device)
+        key = (state, device)
+        row = self.mask_rows.get(key)
+        if row is not None:
+            self.mask_rows.move_to_end(key)
+            return row
+        row = torch.full((self.vocab_size,), float("-inf"))
+        row[torch.from_numpy(self.allowed(state))] = 0.0
+        if self.accepting[state]:
+            row[list(self.eos_token_ids)] = 0.0
+        row = self.mask_rows[key] = row.to(device)
+        if len(self.mask_rows) > self.rows_kept:
+            self.mask_rows.popitem(last=False)
         return row
 
     @classmethod

@@ -11,12 +11,12 @@ from __future__ import annotations
 import base64
 import re
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from ..text.byte_level import decoder_kinds, gpt2_unicode_to_byte
+from .index_cache import IndexCache
 from .trie import VocabTrie
 
 
@@ -30,8 +30,8 @@ class TokenVocabulary:
 
     token_bytes: list[bytes | None]
     eos_token_ids: frozenset[int]
-    # Token indexes built for this vocabulary, by regex (least recently used first).
-    index_cache: OrderedDict = field(default_factory=OrderedDict, repr=False)
+    # Token indexes built for this vocabulary, per owner (a server's tenant), by constraint key.
+    index_cache: IndexCache = field(default_factory=IndexCache, repr=False)
 
     def __post_init__(self):
         self.eos_token_ids = frozenset(self.eos_token_ids)
