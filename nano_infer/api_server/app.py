@@ -148,9 +148,9 @@ def _chat_request(body: ChatBody, model_name: str, max_model_len: int) -> tuple[
     _check_model(body.model, model_name)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    messages = chat_messages(body, _text_of)
     max_tokens, logprobs = body.max_completion_tokens or body.max_tokens, (body.top_logprobs or 0) if body.logprobs else None
     with _refusal():
+        messages = chat_messages(body, _text_of)
         check_reply_size([0], body.n, max_tokens, logprobs, max_model_len)
     return messages, sampling_params_from(body, max_tokens, logprobs), tool_plan(body)
 

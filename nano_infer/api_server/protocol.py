@@ -52,25 +52,34 @@ class ProtocolError(ValueError):
         self.param = param
 
 
-def json_text(text: str, field: str, max_depth: int = ServerLimits.max_body_depth):
+def json_text(text: str, field: str, max_depth: int = ServerLimits.max_body_depth, max_values: int | None = None):
     """JSON carried as a string inside a field (a schema, a tool call's arguments), read within the body's
     own bounds: a text nested too deep, or with a number too long to read, is a 400 naming the field, never a
     crash in whatever walks it next (a regex compiler, a chat template)."""
-    param = field.split(".")[0]
     try:
         data = json.loads(text)
     except RecursionError:
-        raise ProtocolError(f"{field} nests deeper than {max_depth} levels", param=param) from None
+        raise ProtocolError(f"{field} nests deeper than {max_depth} levels", param=field.split(".")[0]) from None
     except ValueError as e:  # not JSON, or an integer past Python's limit on digits read
-        raise ProtocolError(f"{field} is not valid JSON: {e}", param=param) from None
-    stack = [(data, 1)]
+        raise ProtocolError(f"{field} is not valid JSON: {e}", param=field.split(".")[0]) from None
+    json_values(data, field, max_depth, max_values)
+    return data
+
+
+def json_values(data, field: str, max_depth: int = ServerLimits.max_body_depth, max_values: int | None = None) -> int:
+    """How many JSON values `data` holds (itself, every member and item), refusing with a 400 naming the field one
+    that nests deeper than `max_depth` or holds more than `max_values`."""
+    count, stack = 1, [(data, 1)] if isinstance(data, (dict, list)) else []
     while stack:
         node, depth = stack.pop()
         if depth > max_depth:
-            raise ProtocolError(f"{field} nests deeper than {max_depth} levels", param=param)
+            raise ProtocolError(f"{field} nests deeper than {max_depth} levels", param=field.split(".")[0])
         children = node.values() if isinstance(node, dict) else node
+        count += len(children)
+        if max_values is not None and count > max_values:
+            raise ProtocolError(f"{field} holds more than {max_values:,} JSON values", param=field.split(".")[0])
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return data
+    return count
 
 
 class _Body(BaseModel):

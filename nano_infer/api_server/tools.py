@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 
 from ..text.chat_template import Chat
 from .errors import APIError
-from .protocol import ProtocolError, json_text
+from .protocol import ProtocolError, json_text, json_values
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 OPEN = "<tool_call>"
 NO_ARGUMENTS = {"type": "object", "properties": {}}
+TEMPLATE_VALUES = 65_536  # JSON values a chat's tools and tool calls' arguments may carry into the chat template
 
 
 @dataclass
@@ -111,7 +112,12 @@ def tool_plan(body) -> ToolPlan | None:
 
 def chat_messages(body, text_of) -> list[dict]:
     """The conversation for the chat template: tool calls with their arguments as objects, tool results
-    with their call id, and the tools themselves when there are any (a `Chat`)."""
+    with their call id, and the tools themselves when there are any (a `Chat`). The template's caller
+    walks every JSON value of the tools and the arguments (then the template dumps them), so together they
+    may hold at most TEMPLATE_VALUES: a tool call of 400,000 numbers held the tokenizer thread, and the GIL,
+    for as long as a hundred other tenants' prompts."""
+    tools = [t.model_dump(exclude_none=True) for t in body.tools or ()]
+    budget = TEMPLATE_VALUES - json_values(tools, "tools", max_values=TEMPLATE_VALUES)
     messages = []
     for m in body.messages:
         if m.content is None and not (m.role == "assistant" and m.tool_calls):
@@ -119,18 +125,21 @@ def chat_messages(body, text_of) -> list[dict]:
                            param="messages")
         message = {"role": m.role, "content": "" if m.content is None else text_of(m.content)}
         if m.tool_calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.function.name, "arguments": _arguments(c.function.arguments)}} for c in m.tool_calls]
+            message["tool_calls"] = []
+            for c in m.tool_calls:
+                arguments = _arguments(c.function.arguments, budget)
+                budget -= json_values(arguments, "messages")
+                message["tool_calls"].append({"id": c.id, "type": "function",
+                                              "function": {"name": c.function.name, "arguments": arguments}})
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
         messages.append(message)
-    tools = [t.model_dump(exclude_none=True) for t in body.tools or ()]
     return Chat(messages, tools=tools) if tools and body.tool_choice != "none" else messages
 
 
-def _arguments(text: str):
+def _arguments(text: str, budget: int):
     try:
-        return json_text(text, "messages.tool_calls.function.arguments")
+        return json_text(text, "messages.tool_calls.function.arguments", max_values=budget)
     except ProtocolError as e:
         raise APIError(400, f"{e} (tool call arguments must be JSON text, got {text[:80]!r})", param="messages") from None
 

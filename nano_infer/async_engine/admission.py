@@ -9,6 +9,13 @@ least one request). The +1 keeps seats free for a tenant that has none yet, so i
 is scheduled within a step or two of arriving instead of after a flood's streams finish; the
 price is that a tenant alone fills at most half the batch.
 
+Seats alone do not bound a tenant's prompts: the scheduler gives each step's token budget to the
+prefills already running first, and 42 seats of 480-token prompts are 40 steps of a 512-token budget
+that a newcomer's short prompt waits behind. So a tenant's admitted prompt tokens not yet computed stay
+within `prefill_share` (one step's budget; always at least one request): its next prompt joins the
+engine when the last one's prefill is done, and a flood of long prompts delays another tenant's first
+token by a step or two. A tenant alone loses nothing by it: a step computes no more than its budget.
+
 Only the engine thread calls it.
 """
 from __future__ import annotations
@@ -16,8 +23,11 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from ..core.request import Request
 
 Message = TypeVar("Message")
 
@@ -29,28 +39,36 @@ class Pending(Generic[Message]):
     tenant: str = field(compare=False)
     seqs: int = field(compare=False)  # sequences it will run (its n)
     message: Message = field(compare=False)  # what AsyncLLM adds to the engine (an AddRequest)
+    request_id: str = field(default="", compare=False)
+    prompt_tokens: int = field(default=0, compare=False)
     cancelled: bool = field(default=False, compare=False)  # aborted, or done with the engine
     admitted: bool = field(default=False, compare=False)
 
 
 class Admission:
-    def __init__(self, max_num_seqs: int):
-        self.max_num_seqs = max_num_seqs
+    def __init__(self, max_num_seqs: int, prefill_share: int | None = None):
+        self.max_num_seqs, self.prefill_share = max_num_seqs, prefill_share
         self.queues: dict[str, list[Pending]] = {}  # a heap per tenant with requests waiting
         self.turns: deque[str] = deque()  # tenants with requests waiting, the next to admit first
         self.running: dict[str, int] = {}  # sequences each tenant has in the engine
+        self.prefilling: dict[str, list[Pending]] = {}  # admitted requests whose prompt may not be computed yet
+        self._prefill: dict[str, int] = {}  # their prompt tokens not computed yet, as of the last take()
         self._arrivals = itertools.count()
 
-    def put(self, tenant: str, priority: int, seqs: int, message: tuple) -> Pending:
-        item = Pending(priority, next(self._arrivals), tenant, seqs, message)
+    def put(self, tenant: str, priority: int, seqs: int, message: Message, request_id: str = "",
+            prompt_tokens: int = 0) -> Pending:
+        item = Pending(priority, next(self._arrivals), tenant, seqs, message, request_id=request_id,
+                       prompt_tokens=prompt_tokens)
         if tenant not in self.queues:
             self.queues[tenant] = []
             self.turns.append(tenant)
         heapq.heappush(self.queues[tenant], item)
         return item
 
-    def take(self) -> list[Pending]:
-        """The requests to add to the engine now, in turn across tenants."""
+    def take(self, requests: Mapping[str, Request] = {}) -> list[Pending]:
+        """The requests to add to the engine now, in turn across tenants. `requests`: the engine's, to see how
+        much of each admitted prompt is computed."""
+        self._count_prefill(requests)
         taken, blocked = [], 0
         while self.turns and blocked < len(self.turns):
             tenant = self.turns[0]
@@ -62,25 +80,51 @@ class Admission:
                 self.turns.popleft()
                 continue
             self.turns.rotate(-1)
-            if not self._may_run(tenant, queue[0].seqs):
+            if not self._may_run(tenant, queue[0]):
                 blocked += 1
                 continue
             item = heapq.heappop(queue)
             item.admitted = True
             self.running[tenant] = self.running.get(tenant, 0) + item.seqs
+            self.prefilling.setdefault(tenant, []).append(item)
+            self._prefill[tenant] = self._prefill.get(tenant, 0) + item.prompt_tokens
             taken.append(item)
             blocked = 0
         return taken
 
-    def _may_run(self, tenant: str, seqs: int) -> bool:
-        running = self.running.get(tenant, 0)
+    def _may_run(self, tenant: str, item: Pending) -> bool:
+        running, prefill = self.running.get(tenant, 0), self._prefill.get(tenant, 0)
         share = max(1, self.max_num_seqs // (len(set(self.running) | set(self.queues)) + 1))
-        return running == 0 or running + seqs <= share
+        if self.prefill_share is not None and prefill and prefill + item.prompt_tokens > self.prefill_share:
+            return False
+        return running == 0 or running + item.seqs <= share
+
+    def _count_prefill(self, requests: Mapping[str, Request]) -> None:
+        """Drop the admitted requests whose prompts are computed; count what the others still have to compute."""
+        self._prefill = {}
+        for tenant, items in list(self.prefilling.items()):
+            left = [(item, _uncomputed(requests.get(item.request_id))) for item in items]
+            left = [(item, n) for item, n in left if n]
+            if left:
+                self.prefilling[tenant] = [item for item, _ in left]
+                self._prefill[tenant] = sum(n for _, n in left)
+            else:
+                del self.prefilling[tenant]
 
     def done(self, item: Pending) -> None:
         """A request admitted by take() left the engine (finished, aborted or failed)."""
+        prefilling = self.prefilling.get(item.tenant, [])
+        if item in prefilling:
+            prefilling.remove(item)
         left = self.running[item.tenant] - item.seqs
         if left:
             self.running[item.tenant] = left
         else:
             del self.running[item.tenant]
+
+
+def _uncomputed(request: Request | None) -> int:
+    """Prompt tokens of `request` not computed yet (0 once it has left the engine)."""
+    if request is None:
+        return 0
+    return sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in request.seqs)

@@ -58,6 +58,8 @@ from .inbox import AbortRequest, AddRequest, Shutdown
 from .streams import Deltas, Stream
 
 TOKENIZE_BACKLOG = 1024  # prompts one tenant may have waiting for the tokenizer (a full request holds 256)
+# a tenant keeps the tokenizer thread busy at most half the time: rendering a chat template is Python, holding the GIL
+TOKENIZE_DUTY = 0.5
 
 
 class EngineUnavailable(RuntimeError):
@@ -71,12 +73,13 @@ class AsyncLLM:
         self.tokenizer = self.engine.tokenizer
         self.model_name = self.engine.model_name
         # prompts waiting to be tokenized, per tenant; past tokenize_backlog, TenantBacklogFull (a 429)
-        self._tokenizer_thread = FairQueue(1, tokenize_backlog, "tokenize")
+        self._tokenizer_thread = FairQueue(1, tokenize_backlog, "tokenize", duty=TOKENIZE_DUTY)
         tokens_per_message(self.tokenizer)  # measured once now, so the size check before tokenizing only counts
         self._compile_workers = compile_workers  # None: CompilePool's default
         self._compile_pool = None  # started by the first constrained request
         self._inbox: queue.Queue = queue.Queue()
-        self._admission = Admission(self.engine.scheduler.max_num_seqs)  # engine thread only
+        scheduler = self.engine.scheduler  # engine thread only:
+        self._admission = Admission(scheduler.max_num_seqs, scheduler.max_num_batched_tokens)
         self._streams: dict[str, Stream] = {}  # requests admitted or waiting for admission; engine thread only
         self._lock = threading.Lock()  # orders shutdown against new requests
         self._closed = False
@@ -235,7 +238,8 @@ class AsyncLLM:
         if s.request_id in self._streams or s.request_id in self.engine.requests:
             self._push(s, ValueError(f"request id {s.request_id!r} is already in use"))
             return
-        s.pending = self._admission.put(add.tenant or "", add.priority, getattr(add.params, "n", 1), add)
+        s.pending = self._admission.put(add.tenant or "", add.priority, getattr(add.params, "n", 1), add,
+                                        s.request_id, len(add.prompt_token_ids))
         self._streams[s.request_id] = s
 
     def _abort(self, s: Stream) -> None:
@@ -246,7 +250,7 @@ class AsyncLLM:
 
     def _admit(self) -> None:
         """Add to the engine what Admission lets in now."""
-        for item in self._admission.take():
+        for item in self._admission.take(self.engine.requests):
             add: AddRequest = item.message
             try:
                 self.engine.add_request(add.stream.request_id, add.prompt, add.params,

@@ -9,10 +9,10 @@ queueing by cost, not by count: one large item counts as many small ones). A ten
 the others' backlogs behind it, so it waits at most for the items already running.
 
 Each tenant's queue is bounded (`max_backlog` items; past it `TenantBacklogFull`, a 429), and with
-`duty` < 1 a tenant may keep a worker busy at most that fraction of the time: after an item of t
-seconds its next item waits t * (1 / duty - 1). Worker threads hold the GIL while they parse, and
-every torch call of the engine thread waits for it, so a tenant that kept a worker busy without pause
-slowed everyone's streams; paced, the flood slows its sender.
+`duty` < 1 a tenant may keep one worker busy at most that fraction of the time: it runs one item at a
+time, and after an item of t seconds its next item waits t * (1 / duty - 1). Worker threads hold the
+GIL while they parse, and every torch call of the engine thread waits for it, so a tenant that kept a
+worker (or two at once) busy without pause slowed everyone's streams; paced, the flood slows its sender.
 """
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ class FairQueue:
             while not self._closed:
                 now = time.monotonic()
                 waiting = [t for t, q in self._queues.items() if q]
-                ready = [t for t in waiting if self._ready_at.get(t, 0.0) <= now]
+                ready = [t for t in waiting if self._ready_at.get(t, 0.0) <= now
+                         and (self.duty == 1 or not self._running[t])]
                 if ready:
                     tenant = min(ready, key=self._used.__getitem__)
                     self._running[tenant] += 1

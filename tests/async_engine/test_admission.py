@@ -4,6 +4,9 @@ A flood from one tenant against another's first token, through the server, is at
 tests/api_server/test_attacks.py."""
 import asyncio
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from nano_infer import SamplingParams
 from nano_infer.async_engine.async_llm import AsyncLLM
 from tests.helpers.engine_checks import assert_idle_and_blocks_free
@@ -31,3 +34,63 @@ def test_requests_held_by_the_share_run_when_the_engine_empties(qwen2_dir):
         assert_idle_and_blocks_free(llm.engine)
     finally:
         llm.shutdown()
+
+
+def _engine_requests(admitted, computed):
+    """What Admission reads of the engine's requests: each admitted request's one sequence and its progress."""
+    from types import SimpleNamespace
+
+    return {item.request_id: SimpleNamespace(seqs=[SimpleNamespace(num_prompt_tokens=item.prompt_tokens,
+                                                                  num_computed_tokens=computed[item.request_id])])
+            for item in admitted if computed[item.request_id] is not None}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(1, 700)), min_size=1, max_size=30),
+       st.integers(1, 512))
+def test_a_tenants_admitted_prompts_stay_within_one_steps_budget(requests, step_budget):
+    """Whatever arrives, after each take() a tenant's admitted prompt tokens not yet computed are at most
+    `prefill_share`, or are one request's alone; and every request is admitted in the end, as prefills finish
+    (each step computes up to the budget of each admitted prompt, as chunked prefill does) and requests end."""
+    from nano_infer.async_engine.admission import Admission
+
+    share = 512
+    admission = Admission(max_num_seqs=64, prefill_share=share)
+    for i, (tenant, tokens) in enumerate(requests):
+        admission.put(tenant, 0, 1, None, f"r{i}", tokens)
+    admitted, computed = [], {}  # computed: None once the request has left the engine
+    for _ in range(sum(tokens for _, tokens in requests) + 2 * len(requests) + 2):  # one token a step at worst
+        for item in admission.take(_engine_requests(admitted, computed)):
+            admitted.append(item)
+            computed[item.request_id] = 0
+        for tenant in "abc":
+            mine = [i for i in admitted if i.tenant == tenant and computed[i.request_id] is not None
+                    and computed[i.request_id] < i.prompt_tokens]
+            left = sum(i.prompt_tokens - computed[i.request_id] for i in mine)
+            assert left <= share or len(mine) == 1, (tenant, left, len(mine))
+        for item in admitted:  # a step: prefills advance, finished prompts' requests end
+            if computed[item.request_id] is None:
+                continue
+            if computed[item.request_id] >= item.prompt_tokens:
+                computed[item.request_id] = None
+                admission.done(item)
+            else:
+                computed[item.request_id] = min(item.prompt_tokens, computed[item.request_id] + step_budget)
+    assert len(admitted) == len(requests) and not admission.queues and not admission.prefilling
+
+
+def test_a_long_prompt_waits_for_its_tenants_prefill_not_for_anothers():
+    """Tenant a's second prompt waits while its first is being computed; tenant b's joins at once."""
+    from types import SimpleNamespace
+
+    from nano_infer.async_engine.admission import Admission
+
+    admission = Admission(max_num_seqs=64, prefill_share=512)
+    first = admission.put("a", 0, 1, None, "a1", 480)
+    admission.put("a", 0, 1, None, "a2", 480)
+    assert admission.take() == [first]
+    other = admission.put("b", 0, 1, None, "b1", 480)
+    running = {"a1": SimpleNamespace(seqs=[SimpleNamespace(num_prompt_tokens=480, num_computed_tokens=256)])}
+    assert admission.take(running) == [other]
+    running["a1"].seqs[0].num_computed_tokens = 480
+    assert [item.request_id for item in admission.take(running)] == ["a2"]

@@ -1,0 +1,136 @@
+"""Round 4 (issue 53): the event loop, the tokenizer, a step's prefill budget and the stream buffers, two tenants.
+
+Each attack floods from the attacker's key while the victim's first tokens are timed; the bound is
+relative to a control load (the same loops without the suspect field) measured in the same run.
+"""
+import json
+
+import pytest
+
+from tests.helpers.attacks import Flood, as_attacker, chat, settle, two_tenants, victim_first_tokens
+
+pytestmark = pytest.mark.slow  # live servers under load
+FLOOR_S = 0.5  # a victim's first token this fast is not slowed, whatever the ratio (scheduler noise on a shared machine)
+
+
+# Qwen2.5's way with tools: each one written into the system turn as JSON, in full
+TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}"
+                  "\n</tools><|im_end|>\n{% endif %}"
+                  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tenants(tokenizer, tmp_path_factory):
+    """Two tenants on a model eight times the test model's width and twice its depth (a prompt step costs what a
+    small real model's does, so a queue of prefills is seen), its chat template rendering tools as Qwen2.5's."""
+    import copy
+
+    import torch
+    from transformers import Qwen2Config
+
+    from tests.helpers.model_factory import MODEL_CLASSES, hf_config
+
+    folder = tmp_path_factory.mktemp("round4")
+    small = hf_config("qwen2", len(tokenizer), tokenizer.convert_tokens_to_ids("<|im_end|>")).to_dict()
+    del small["layer_types"]  # one per layer: made again for 4
+    config = Qwen2Config(**{**small, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4})
+    torch.manual_seed(0)
+    MODEL_CLASSES["qwen2"](config).save_pretrained(folder)
+    tools_tokenizer = copy.deepcopy(tokenizer)
+    tools_tokenizer.chat_template = TOOLS_TEMPLATE
+    tools_tokenizer.save_pretrained(folder)
+    with two_tenants(folder, max_num_seqs=128, max_num_batched_tokens=256) as both:  # a tenant holds 42 seats
+        yield both
+
+
+def encoded(body: dict) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def slowdown_beside(url, path, attack: bytes, control: bytes, loops: int) -> tuple[float, float, Flood]:
+    """(victim's slowest first token under `control`, under `attack`, the attack's flood), each flood `loops` threads."""
+    with Flood(url, path, control, loops):
+        calm = victim_first_tokens(url)
+    with Flood(url, path, attack, loops) as flood:
+        attacked = victim_first_tokens(url)
+    print(f"\n{path}: victim's first token {calm:.3f} s under the control load, {attacked:.3f} s under the attack")
+    return calm, attacked, flood
+
+
+def test_28_json_inside_fields_is_read_off_the_event_loop(tenants):
+    """A schema sent as a string of 400,000 enum members, and a tool call whose arguments are 400,000 numbers:
+    each is read (and refused, or its chat run) in the attacker's worker turn, not on the loop that every
+    victim chunk passes through."""
+    llm, server = tenants
+    big = "[" + ",".join(["0"] * 400_000) + "]"
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": big}}
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c", "content": "x"}]
+    for attack in (chat(guided_json='{"enum": ' + big + "}"), chat(messages=turn, max_tokens=1)):
+        r = as_attacker(server.url, "/v1/chat/completions", attack)
+        assert r.status_code == 400, r.text[:300]
+        calm, attacked, flood = slowdown_beside(server.url, "/v1/chat/completions", encoded(attack), encoded(chat()), 8)
+        assert attacked < max(FLOOR_S, 3 * calm), (list(attack), attacked, calm)
+        assert set(flood.statuses) <= {200, 400, 429}, flood.statuses
+    settle(llm)
+
+
+def test_30_tools_and_tool_calls_carry_a_bounded_number_of_values_into_the_template(tenants):
+    """The chat template's caller walks every value of the tools and the calls' arguments: past TEMPLATE_VALUES
+    in all, a 400 naming the field; just under it, the chat runs."""
+    from nano_infer.api_server.tools import TEMPLATE_VALUES
+
+    llm, server = tenants
+    wide = {"type": "function", "function": {"name": "f", "parameters": {"enum": list(range(TEMPLATE_VALUES))}}}
+    r = as_attacker(server.url, "/v1/chat/completions", chat(tools=[wide]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text[:300]
+    assert f"more than {TEMPLATE_VALUES:,} JSON values" in r.json()["error"]["message"], r.text[:300]
+
+    def turn(arguments: list) -> list[dict]:
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": json.dumps(arguments)}}
+        return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c", "content": "x"}]
+
+    tool = {"type": "function", "function": {"name": "f"}}  # 5 values with the list: the tool, its type, function, name
+    fits = as_attacker(server.url, "/v1/chat/completions", chat(tools=[tool], max_tokens=1,
+                                                                 messages=turn([0] * (TEMPLATE_VALUES - 6))))
+    over = as_attacker(server.url, "/v1/chat/completions", chat(tools=[tool], max_tokens=1,
+                                                                 messages=turn([0] * (TEMPLATE_VALUES - 5))))
+    assert fits.status_code in (200, 400) and "JSON values" not in fits.text, fits.text[:300]
+    assert over.status_code == 400 and over.json()["error"]["param"] == "messages", over.text[:300]
+
+
+def tools(count: int, words: int) -> list[dict]:
+    params = {"type": "object", "properties": {f"p{j}": {"type": "string", "description": "word " * words}
+                                               for j in range(8)}}
+    return [{"type": "function", "function": {"name": f"tool_{i}", "description": "word " * words, "parameters": params}}
+            for i in range(count)]
+
+
+def test_29_a_tools_template_flood_is_rendered_in_the_attackers_turn(tenants):
+    """128 tools, each described at length, rendered into the chat template and tokenized per request (then
+    refused: longer than the model): the attacker's work, paced, not every tenant's first token."""
+    llm, server = tenants
+    attack = chat(tools=tools(128, 40), max_tokens=1)
+    r = as_attacker(server.url, "/v1/chat/completions", attack)
+    assert r.status_code == 400 and "max_model_len" in r.json()["error"]["message"], r.text[:300]
+    calm, attacked, flood = slowdown_beside(server.url, "/v1/chat/completions", encoded(attack),
+                                            encoded(chat(max_tokens=1)), 8)
+    assert attacked < max(FLOOR_S, 3 * calm), (attacked, calm)
+    assert flood.statuses[400] > 0, flood.statuses
+    settle(llm)
+
+
+def test_31_a_prefill_flood_leaves_another_tenant_its_first_token(tenants):
+    """Many long prompts at once from one tenant (16 loops of 4 prompts of 480 token ids, all answered): each
+    step's token budget would go to its prefills first, and a victim's short prompt waits behind all of them.
+    A tenant's prompts join the engine at most one step's budget of prefill at a time."""
+    llm, server = tenants
+    rng = __import__("random").Random(0)
+    long = encoded({"prompt": [[rng.randrange(5, 440) for _ in range(480)] for _ in range(4)], "max_tokens": 1})
+    short = encoded({"prompt": [[rng.randrange(5, 440) for _ in range(8)] for _ in range(4)], "max_tokens": 1})
+    calm, attacked, flood = slowdown_beside(server.url, "/v1/completions", long, short, 16)
+    assert attacked < max(FLOOR_S, 3 * calm), (attacked, calm)
+    assert set(flood.statuses) == {200}, flood.statuses
+    settle(llm)
