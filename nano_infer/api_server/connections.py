@@ -16,16 +16,16 @@ open, is let in when
     `reserved_connections` go only to networks holding fewer than are left, so each network
     takes at most half of what is left of them, and the very last only a network holding none.
 
-Else, if the network holding the most connections holds more than h + 1, its oldest idle
-connection (kept alive between requests, or whose request head has not all arrived) is closed
-and the new one takes its place; else the new one gets 503 and is closed at once. A host that
-holds idle connections up to its cap gives them up to a host that holds fewer, and no busy one
-is closed: a stream, or a request its tenant's queue holds unread, keeps its connection.
+Else the oldest idle connection (kept alive between requests, or whose request head has not all
+arrived) of the network holding the most among those holding an idle one is closed, if that
+network holds more than h + 1, and the new one takes its place; else the new one gets 503 and is
+closed at once. So hosts holding idle connections give them up to hosts holding fewer, and no
+busy connection is closed: a stream, or a request its tenant's queue holds unread, keeps its own.
 
-What an operator sees: a load client at 256 concurrent requests fits the defaults with room to
-spare, and so does a proxy up to max_connections_per_peer; the proxy is one network, so a
-server behind one raises --max-connections-per-client to near --max-connections (its own clients
-are told apart by API key, not by connection).
+What an operator sees: a load client at 256 concurrent requests from one address fits the
+defaults with room to spare. A proxy in front is one network, so behind one raise
+--max-connections-per-client to --max-connections: the proxy then holds up to max_connections -
+reserved_connections (its own clients are told apart by API key, not by connection).
 
 A request whose head and body have not all arrived `request_timeout` seconds after its first
 byte, or a connection that sent nothing for as long, is closed (a stream in progress is not: its
@@ -45,14 +45,17 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\
 
 
 class Admission:
-    """The connections each network holds, and whether one more may open (the rule above).
+    """The connections each network holds, which of them are idle, and whether one more may open (the rule
+    above). Which are idle is kept up to date by `update`, so a refusal at a full server costs no scan of
+    every connection.
 
     A connection is any object with an `idle` flag and an `evict()` that closes it."""
 
     def __init__(self, limits: ServerLimits):
         self.limits = limits
         self.networks = Tenants((), limits)  # names a network as a tenant without a key is named
-        self.held: dict[str, dict] = {}  # network -> its connections (a dict: oldest first), never empty
+        self.held: dict[str, dict] = {}  # network -> its connections; never empty
+        self.idle: dict[str, dict] = {}  # network -> its idle connections, longest idle first; never empty
         self.open = 0
 
     def network(self, client: tuple[str, int] | None) -> str:
@@ -68,7 +71,20 @@ class Admission:
             return False
         self.held.setdefault(network, {})[conn] = None
         self.open += 1
+        self.update(conn, network)
         return True
+
+    def update(self, conn, network: str) -> None:
+        """Note whether `conn` is idle now: called wherever it may have turned (a request arrived, one ended)."""
+        if conn not in self.held.get(network, ()):
+            return
+        idle = self.idle.setdefault(network, {})
+        if conn.idle:
+            idle.setdefault(conn, None)  # one already idle keeps its place
+        else:
+            idle.pop(conn, None)
+        if not idle:
+            del self.idle[network]
 
     def release(self, conn, network: str) -> None:
         """`conn` closed (or was evicted): no longer counted. Releasing it twice counts once."""
@@ -79,23 +95,24 @@ class Admission:
         self.open -= 1
         if not conns:
             del self.held[network]
+        idle = self.idle.get(network, {})
+        idle.pop(conn, None)
+        if not idle:
+            self.idle.pop(network, None)
 
     def _room_for(self, holds: int) -> bool:
         total, left = self.limits.max_connections, self.limits.max_connections - self.open
         return self.open < total - self.limits.reserved_connections or holds < left
 
     def _evict_for(self, holds: int) -> bool:
-        """Close the oldest idle connection of the largest holder, if it holds more than `holds` + 1."""
-        if not self.held:
+        """Close the longest idle connection of the network holding the most of those that hold an idle one,
+        if it holds more than `holds` + 1."""
+        network = max(self.idle, key=lambda n: len(self.held[n]), default=None)
+        if network is None or len(self.held[network]) <= holds + 1:
             return False
-        network, conns = max(self.held.items(), key=lambda item: len(item[1]))
-        if len(conns) <= holds + 1:
-            return False
-        idle = next((c for c in conns if c.idle), None)
-        if idle is None:
-            return False
-        self.release(idle, network)
-        idle.evict()
+        conn = next(iter(self.idle[network]))
+        self.release(conn, network)
+        conn.evict()
         return True
 
 
@@ -116,6 +133,8 @@ class _GuardedH11(H11Protocol):
         # uvicorn answers 503 to a request while limit_concurrency connections are open, counting the one asking
         # and those being refused: the connection Admission let in last would be refused its first request
         self.limit_concurrency = None
+        # the app serves no WebSocket, and an upgraded connection would be closed by a protocol Admission never hears
+        self.ws_protocol_class = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -129,7 +148,9 @@ class _GuardedH11(H11Protocol):
 
     @property
     def idle(self) -> bool:
-        """No request under way: kept alive between requests, or its request head has not all arrived."""
+        """No request under way: kept alive between requests, or its request head has not all arrived. It turns
+        only as a request is parsed (data_received) or the next one awaited (on_response_complete): each tells
+        Admission."""
         return self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE
 
     def evict(self) -> None:
@@ -139,15 +160,16 @@ class _GuardedH11(H11Protocol):
         if self._deadline is None and self.conn.their_state is h11.IDLE:  # the next request on a kept-alive connection
             self._arm()
         super().data_received(data)
+        self.admission.update(self, self._network)
 
     def on_response_complete(self) -> None:
         self._disarm()
         super().on_response_complete()
+        self.admission.update(self, self._network)
 
     def connection_lost(self, exc) -> None:
         self._disarm()
-        if self._network is not None:
-            self.admission.release(self, self._network)
+        self.admission.release(self, self._network)
         super().connection_lost(exc)
 
     def _arm(self) -> None:
