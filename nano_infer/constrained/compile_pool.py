@@ -93,7 +93,7 @@ class CompilePool:
 
         Raises ValueError for a constraint that is invalid or over the limits (including the
         time limit), CompilePoolBusy when too many compile at once. Cancelling the awaiting
-        task cancels the compile unless another request waits for the same constraint.
+        task cancels the compile unless another request of the same owner waits for it.
         `trusted` (the operator's own constraints, compiled ahead) lifts the time limit and shares
         the result with every tenant. Anything else is `tenant`'s own: compiled, cached and counted
         toward its share for it alone.

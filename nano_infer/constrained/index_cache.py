@@ -23,14 +23,25 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 SHARED = ("shared",)  # the operator's owner: a tenant's name is a string (or None), never a tuple
 OWNER_SHARE = 4  # an owner keeps at most a quarter of the budget, so four busy owners all keep entries
 
 
+class Sized(Protocol):
+    """What the cache keeps: a TokenIndex (which imports the vocabulary that holds this cache)."""
+
+    @property
+    def max_bytes(self) -> int: ...
+
+
+Index = TypeVar("Index", bound=Sized)
+
+
 @dataclass(eq=False)
 class _Entry:
-    index: object  # a TokenIndex
+    index: Sized
     nbytes: int
     used: float
 
@@ -43,7 +54,7 @@ class IndexCache:
     _owners: dict = field(default_factory=dict, repr=False)  # owner -> OrderedDict[key, _Entry], least recent first
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def get(self, owner: Hashable, key: Hashable):
+    def get(self, owner: Hashable, key: Hashable) -> Sized | None:
         """The index kept for `key` that `owner` may use (the operator's, else its own), or None."""
         with self._lock:
             now = self.clock()
@@ -60,7 +71,7 @@ class IndexCache:
                 return entry.index
             return None
 
-    def put(self, owner: Hashable, key: Hashable, index, budget: int):
+    def put(self, owner: Hashable, key: Hashable, index: Index, budget: int) -> Index:
         """Keep `index` for `owner` within `budget` bytes, and return the index to use for `key`:
         one the owner already keeps wins (two requests compiled it at once)."""
         with self._lock:
