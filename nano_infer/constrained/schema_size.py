@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 
 from .byte_dfa import strip_anchors, unicode_escapes
-from .json_schema import ANY_JSON_DEPTH, SIMPLE_TYPES, STRING, STRING_CHAR, _any_value, _bounds, _literal, _members, _repeat
+from .json_schema import (ANY_JSON_DEPTH, SIMPLE_TYPES, STRING, STRING_CHAR, _any_value, _bounds, _literal, _members,
+                          _repeat)
 from .limits import ConstraintLimits
 from .numbers import numeric_regex
 

@@ -17,9 +17,12 @@ UNLIMITED = ConstraintLimits(max_regex_chars=10**12)
 NAMES = st.sampled_from(["a", "b", "é", "c d", '"q"'])
 LEAVES = st.one_of(
     st.sampled_from([{"type": t} for t in ("string", "integer", "number", "boolean", "null")]),
-    st.builds(lambda lo, extra: {"type": "string", "minLength": lo, "maxLength": lo + extra}, st.integers(0, 5), st.integers(0, 5)),
-    st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span}, st.integers(-500, 500), st.integers(0, 2000)),
-    st.builds(lambda v: {"enum": v}, st.lists(st.one_of(st.integers(), st.text(max_size=4), st.none()), min_size=1, max_size=4)),
+    st.builds(lambda lo, extra: {"type": "string", "minLength": lo, "maxLength": lo + extra},
+              st.integers(0, 5), st.integers(0, 5)),
+    st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+              st.integers(-500, 500), st.integers(0, 2000)),
+    st.builds(lambda v: {"enum": v},
+              st.lists(st.one_of(st.integers(), st.text(max_size=4), st.none()), min_size=1, max_size=4)),
     st.builds(lambda v: {"const": v}, st.text(max_size=4)),
     st.just({"type": "string", "pattern": "^[a-z]{2}$"}),
     st.just({"$ref": "#/$defs/leaf"}),
@@ -89,7 +92,8 @@ def test_arrays_nested_24_deep_are_refused_before_the_regex_is_written():
 def test_refs_used_twice_per_level_are_counted_once_each():
     defs = {"d0": {"type": "string"}}
     for i in range(1, 30):
-        defs[f"d{i}"] = {"anyOf": [{"$ref": f"#/$defs/d{i - 1}"}, {"type": "array", "items": {"$ref": f"#/$defs/d{i - 1}"}}]}
+        below = {"$ref": f"#/$defs/d{i - 1}"}
+        defs[f"d{i}"] = {"anyOf": [below, {"type": "array", "items": below}]}
     schema = {"$ref": "#/$defs/d29", "$defs": defs}
     with pytest.raises(ValueError, match="max_regex_chars"):
         schema_regex_chars(schema, ConstraintLimits())
