@@ -94,8 +94,13 @@ class _Render:
         return "tool_calls" if calls and reason == "stop" and self.tools.choice != "named" else reason
 
     def _token(self, token_id: int) -> tuple[str, bytes]:
-        data = self.tokenizer.decode([token_id]).encode() if not is_byte_level(self.tokenizer) else \
-            token_bytes_table(self.tokenizer)[0][token_id]
+        """A token's text and bytes; a checkpoint's padding rows past the tokenizer (they can rank among a
+        row's top logprobs) are no text, as the tokenizer decodes them."""
+        if not is_byte_level(self.tokenizer):
+            data = self.tokenizer.decode([token_id]).encode()
+        else:
+            table = token_bytes_table(self.tokenizer)[0]
+            data = table[token_id] if token_id < len(table) else b""
         return data.decode("utf-8", errors="backslashreplace"), data
 
     def _prompt_text(self, out) -> str:

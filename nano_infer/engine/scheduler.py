@@ -32,6 +32,11 @@ baseline: admit a batch only when the previous one has completely finished.
 A prompt being scored (prompt logprobs) is prefilled `max_scored_rows` rows a step at most, shared by
 all such prompts: scoring costs its own request more steps, not every other request a slower one.
 
+While a request waits and a seat is free for it, the running prompts' chunks take at most half the
+budget together (`_prompt_room`): a short prompt that arrives behind a long one is computed in the
+next step, not after every chunk of the long one. The budget is still spent whole (the waiting
+request takes the rest), and a prompt alone gets all of it.
+
 `num_computed_tokens` moves in two places only: the KVManager sets it at admission (the cached
 prefix), and this scheduler advances it after a step (`advance`, called by whoever turns the
 step's rows into tokens), resets it on preemption and copies it on a fork. Without a KV cache
@@ -84,7 +89,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         self._rows_left = self.max_scored_rows
-        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        budget = self._schedule_running(out, self.max_num_batched_tokens, self._prompt_room())
         if not out.preempted and (self.mode == "continuous" or not self.running):
             self._schedule_waiting(out, budget)
         while not out.scheduled and self.waiting and self._preempt_idle(out):
@@ -102,14 +107,28 @@ class Scheduler:
             n = min(n, max(seq.num_computed_tokens, len(scored) - 1) + self._rows_left - seq.num_computed_tokens)
         return min(n, budget)
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _prompt_room(self) -> int:
+        """Tokens the running sequences' prompt chunks may take this step: half the budget while a waiting
+        request has a seat to take, else all of it."""
+        if not self.waiting or self.mode != "continuous" or not self.chunked_prefill:
+            return self.max_num_batched_tokens
+        seats = len(self.running) + sum(s.num_pending_forks for s in self.running)
+        if seats + 1 + self.waiting[0].num_pending_forks > self.max_num_seqs:
+            return self.max_num_batched_tokens
+        return self.max_num_batched_tokens // 2
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int, prompt_room: int) -> int:
         # an idle sequence computes nothing: a beam whose next token waits for its siblings' rows (beam search)
         for seq in [s for s in self.running if s.num_uncomputed_tokens]:
             if budget <= 0 or seq.status is not SequenceStatus.RUNNING:
                 break  # out of budget, or preempted to make room for one before it
-            n = self._tokens_for(seq, budget)
+            chunk = seq.num_uncomputed_tokens > 1  # a prompt (or a recompute), not a decode
+            if chunk and prompt_room <= 0:
+                continue
+            n = self._tokens_for(seq, min(budget, prompt_room) if chunk else budget)
             if n == 0:
                 continue  # a prompt being scored, and no rows left this step
+            prompt_room -= n if chunk else 0
             if n > budget and out.scheduled:
                 break
             lookahead = min(self.lookahead(seq), budget - 1) if n == 1 else 0

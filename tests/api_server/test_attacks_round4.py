@@ -34,7 +34,8 @@ def tenants(tokenizer, tmp_path_factory):
     folder = tmp_path_factory.mktemp("round4")
     small = hf_config("qwen2", len(tokenizer), tokenizer.convert_tokens_to_ids("<|im_end|>")).to_dict()
     del small["layer_types"]  # one per layer: made again for 4
-    config = Qwen2Config(**{**small, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4})
+    config = Qwen2Config(**{**small, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4,
+                            "max_position_embeddings": 2048})
     torch.manual_seed(0)
     MODEL_CLASSES["qwen2"](config).save_pretrained(folder)
     tools_tokenizer = copy.deepcopy(tokenizer)
@@ -131,6 +132,43 @@ def test_31_a_prefill_flood_leaves_another_tenant_its_first_token(tenants):
     long = encoded({"prompt": [[rng.randrange(5, 440) for _ in range(480)] for _ in range(4)], "max_tokens": 1})
     short = encoded({"prompt": [[rng.randrange(5, 440) for _ in range(8)] for _ in range(4)], "max_tokens": 1})
     calm, attacked, flood = slowdown_beside(server.url, "/v1/completions", long, short, 16)
+    assert attacked < max(FLOOR_S, 3 * calm), (attacked, calm)
+    assert set(flood.statuses) == {200}, flood.statuses
+    settle(llm)
+
+
+@pytest.fixture(scope="module")
+def wide_vocab_tenants(tokenizer, tmp_path_factory):
+    """Two tenants on the test model with Qwen2.5's vocabulary size (152,064 rows; those past the tokenizer's
+    zero, as a checkpoint's padding rows) and 2,048 positions: a scored prompt row costs a log_softmax over
+    152,064 logits, as on the real model."""
+    import torch
+    from transformers import Qwen2Config
+
+    from tests.helpers.model_factory import MODEL_CLASSES, hf_config
+
+    folder = tmp_path_factory.mktemp("round4_wide")
+    small = hf_config("qwen2", 152_064, tokenizer.convert_tokens_to_ids("<|im_end|>")).to_dict()
+    torch.manual_seed(0)
+    model = MODEL_CLASSES["qwen2"](Qwen2Config(**{**small, "max_position_embeddings": 2048}))
+    with torch.no_grad():
+        model.model.embed_tokens.weight[len(tokenizer):] = 0
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with two_tenants(folder) as both:
+        yield both
+
+
+def test_32_echoed_prompts_with_logprobs_are_charged_to_the_scorer(wide_vocab_tenants):
+    """echo + logprobs 20 over 3 prompts of 2,040 random token ids, in 4 loops: 122,400 prompt logprobs a
+    request, each a decoded token and its 20 alternatives. Scored a bounded slice per step, and turned into
+    the reply in the attacker's worker turn, not on the engine thread every stream's step waits for."""
+    llm, server = wide_vocab_tenants
+    rng = __import__("random").Random(1)
+    prompts = [[rng.randrange(5, 440) for _ in range(2040)] for _ in range(3)]
+    scored = encoded({"prompt": prompts, "echo": True, "logprobs": 20, "max_tokens": 1})
+    plain = encoded({"prompt": prompts, "max_tokens": 1})
+    calm, attacked, flood = slowdown_beside(server.url, "/v1/completions", scored, plain, 4)
     assert attacked < max(FLOOR_S, 3 * calm), (attacked, calm)
     assert set(flood.statuses) == {200}, flood.statuses
     settle(llm)
