@@ -44,7 +44,7 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\
          b"content-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
 
 
-class Admission:
+class ConnectionTable:
     """The connections each network holds, which of them are idle, and whether one more may open (the rule
     above). Which are idle is kept up to date by `update`, so a refusal at a full server costs no scan of
     every connection.
@@ -117,29 +117,21 @@ class Admission:
 
 
 def protocol_class(limits: ServerLimits) -> type:
-    """The h11 protocol, bound to `limits` and to one server's Admission (uvicorn builds one protocol per
+    """The h11 protocol, bound to `limits` and to one server's ConnectionTable (uvicorn builds one protocol per
     connection from `Config.http`)."""
-    return type("GuardedH11Protocol", (_GuardedH11,), {"limits": limits, "admission": Admission(limits)})
+    return type("GuardedH11Protocol", (_GuardedH11,), {"limits": limits, "table": ConnectionTable(limits)})
 
 
 class _GuardedH11(H11Protocol):
     limits: ServerLimits
-    admission: Admission
+    table: ConnectionTable
     _deadline = None
     _network = None  # set once admitted
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        # uvicorn answers 503 to a request while limit_concurrency connections are open, counting the one asking
-        # and those being refused: the connection Admission let in last would be refused its first request
-        self.limit_concurrency = None
-        # the app serves no WebSocket, and an upgraded connection would be closed by a protocol Admission never hears
-        self.ws_protocol_class = None
-
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        network = self.admission.network(self.client)
-        if not self.admission.admit(self, network):
+        network = self.table.network(self.client)
+        if not self.table.admit(self, network):
             self.transport.write(_BUSY)
             self.transport.close()
             return
@@ -150,7 +142,7 @@ class _GuardedH11(H11Protocol):
     def idle(self) -> bool:
         """No request under way: kept alive between requests, or its request head has not all arrived. It turns
         only as a request is parsed (data_received) or the next one awaited (on_response_complete): each tells
-        Admission."""
+        ConnectionTable."""
         return self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE
 
     def evict(self) -> None:
@@ -160,16 +152,16 @@ class _GuardedH11(H11Protocol):
         if self._deadline is None and self.conn.their_state is h11.IDLE:  # the next request on a kept-alive connection
             self._arm()
         super().data_received(data)
-        self.admission.update(self, self._network)
+        self.table.update(self, self._network)
 
     def on_response_complete(self) -> None:
         self._disarm()
         super().on_response_complete()
-        self.admission.update(self, self._network)
+        self.table.update(self, self._network)
 
     def connection_lost(self, exc) -> None:
         self._disarm()
-        self.admission.release(self, self._network)
+        self.table.release(self, self._network)
         super().connection_lost(exc)
 
     def _arm(self) -> None:

@@ -2,9 +2,10 @@
 
 Both bind the Host allow-list to where they listen (allowed_hosts_for): on localhost only
 requests addressed to localhost are answered. uvicorn gets the connection limits of
-ServerLimits (its own keep-alive timeout, limit_concurrency and graceful-shutdown deadline, and
-connections.py for what it lacks). lifespan="off": the app has no startup or shutdown work, the
-AsyncLLM it serves is started and shut down by its owner.
+ServerLimits (its own keep-alive timeout and graceful-shutdown deadline; connections.py counts the
+connections, as uvicorn's limit_concurrency would count the one asking and those being refused too).
+lifespan="off": the app has no startup or shutdown work, the AsyncLLM it serves is started and shut
+down by its owner; ws="none": it serves no WebSocket, and an upgraded connection would leave the count.
 
 When the server is told to stop (SIGTERM, Ctrl-C, stop()), in-flight requests get
 `shutdown_timeout` seconds; then each stream ends cleanly at its next chunk (guard.Drain) and a
@@ -41,7 +42,7 @@ SPARE_FDS = 64  # descriptors kept for the model's files, the compile workers' p
 
 def _config(app, host: str, port: int, log_level: str, limits: ServerLimits) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off", http=protocol_class(limits),
-                          timeout_keep_alive=limits.keep_alive, limit_concurrency=limits.max_connections,
+                          ws="none", timeout_keep_alive=limits.keep_alive,
                           timeout_graceful_shutdown=limits.shutdown_timeout + BACKSTOP_S)
 
 
