@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .constrained.params import GuidedDecodingParams, StructuredOutputsParams
-from .constrained.token_rules import MAX_LOGIT_BIAS, MAX_TOKEN_RULES, TokenRules, build_token_rules  # noqa: F401
+from .constrained.token_rules import MAX_TOKEN_RULES, TokenRules, build_token_rules  # noqa: F401 (the server caps by it)
 
 # Below this temperature, sampling is greedy (as in vLLM): dividing logits by 1e-300 would
 # overflow to inf and turn the softmax into NaN.

@@ -52,8 +52,9 @@ def build_token_rules(logit_bias, allowed_token_ids, bad) -> TokenRules:
 def _tensor(items: list, kinds: tuple, dtype: torch.dtype) -> torch.Tensor | None:
     """`items` as one tensor if each is one of `kinds` (a bool is not an int here) and fits `dtype`, else
     None. The usual lists are checked by mapping `type` over them at C speed: 2**18 ids, no Python loop."""
-    if not (set(map(type, items)) <= set(kinds) or all(isinstance(x, kinds) and not isinstance(x, bool) for x in items)):
-        return None
+    if not set(map(type, items)) <= set(kinds):  # else a subclass (an IntEnum, a numpy float), looked at one by one
+        if not all(isinstance(x, kinds) and not isinstance(x, bool) for x in items):
+            return None
     try:
         return torch.tensor(items, dtype=dtype)
     except (OverflowError, RuntimeError, TypeError, ValueError):  # an int past 64 bits

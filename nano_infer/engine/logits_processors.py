@@ -66,22 +66,53 @@ def _token_counts(lists: list[list[int]], vocab_size: int, device) -> torch.Tens
 
 
 def _logit_bias(logits, rows, _eos) -> None:
-    """Each request's bias scattered into one vocabulary row, added to each of its rows (to what is there)."""
+    """Each request's bias added to its rows (to what is there: a constraint's -inf stays). Few (row, id)
+    pairs in all (a vocabulary row's worth at most) are added where they fall; more, and each request's
+    bias is scattered into one vocabulary row, added to its rows whole."""
     at, group, rules = _by_request(rows, 0, logits.device)
-    if rules:
-        values = torch.cat([r[1] for r in rules]).to(logits.dtype)
-        logits[at] += _dense([r[0] for r in rules], values, logits)[group]
+    if not rules:
+        return
+    width, device = logits.shape[-1], logits.device
+    ids, values = torch.cat([r[0] for r in rules]), torch.cat([r[1] for r in rules]).to(logits.dtype)
+    sizes = [len(r[0]) for r in rules]
+    per_row = [sizes[g] for g in group]
+    if sum(per_row) > width:
+        bias = _by_row(_dense([r[0] for r in rules], values, logits), group)
+        _in_rows(logits, at, lambda part: part.add_(bias))
+        return
+    starts = [0, *itertools.accumulate(sizes)]
+    count = torch.tensor(per_row, device=device)
+    # pair k of a row: its request's ids from where they start, k counted from the row's first pair
+    pos = torch.arange(sum(per_row), device=device) + torch.tensor(
+        [starts[g] for g in group], device=device).sub(count.cumsum(0) - count).repeat_interleave(count)
+    ids, values = ids[pos], values[pos]
+    logits.index_put_((torch.tensor(at, device=device).repeat_interleave(count), ids.clamp(max=width - 1)),
+                      torch.where(ids < width, values, 0.0), accumulate=True)  # an id past the rows adds 0: no sync
 
 
 def _allowed_token_ids(logits, rows, _eos) -> None:
     """Each request's allowed ids scattered into one mask of the vocabulary; the rest of its rows -inf."""
     at, group, rules = _by_request(rows, 2, logits.device)
     if rules:
-        keep = _dense([r[2] for r in rules], True, logits)
-        logits[at] = logits[at].masked_fill(~keep[group], NEG_INF)
+        drop = _by_row(~_dense([r[2] for r in rules], True, logits), group)
+        _in_rows(logits, at, lambda part: part.masked_fill_(drop, NEG_INF))
 
 
-def _by_request(rows, which: int, device) -> tuple[torch.Tensor, torch.Tensor, list[tuple]]:
+def _by_row(per_request: torch.Tensor, group: list[int]) -> torch.Tensor:
+    """Each row's line of `per_request` ([requests, V]); one request's line is broadcast, not copied per row."""
+    return per_request if len(per_request) == 1 else per_request[torch.tensor(group, device=per_request.device)]
+
+
+def _in_rows(logits: torch.Tensor, at: list[int], change) -> None:
+    """`change` (in place) applied to rows `at` of the logits: to the tensor itself where they are all of it."""
+    if len(at) == len(logits):
+        change(logits)
+    else:
+        index = torch.tensor(at, device=logits.device)
+        logits[index] = change(logits[index])
+
+
+def _by_request(rows, which: int, device) -> tuple[list[int], list[int], list[tuple]]:
     """The rows whose request has tensor `which` of its TokenRules (bias ids, bias values, allowed ids), the
     request of each (an index into the third), and each request's tensors on `device`. A request's rows
     (its samples, a verify's positions) share one TokenRules, so its tensors are read once a step."""
@@ -91,8 +122,7 @@ def _by_request(rows, which: int, device) -> tuple[torch.Tensor, torch.Tensor, l
         if (rules.bias_ids, rules.bias_values, rules.allowed_ids)[which] is not None:
             at.append(i)
             group.append(seen.setdefault(id(rules), (len(seen), rules))[0])
-    return (torch.tensor(at, dtype=torch.long, device=device), torch.tensor(group, dtype=torch.long, device=device),
-            [_on(rules, device) for _, rules in seen.values()])
+    return at, group, [_on(rules, device) for _, rules in seen.values()]
 
 
 def _on(rules: TokenRules, device) -> tuple:
@@ -165,8 +195,8 @@ def resolve_token_rules(params: SamplingParams, tokenizer, vocab_size: int) -> S
     params: the caller's object may be shared by prompts of other engines). Raises ValueError."""
     rules = params.compact_token_rules()
     for name, ids in (("logit_bias", rules.bias_ids), ("allowed_token_ids", rules.allowed_ids)):
-        if ids is not None and int(ids.max()) >= vocab_size:
-            raise ValueError(f"SamplingParams.{name} has token id {int(ids.max())}: the vocabulary has {vocab_size} tokens")
+        if ids is not None and (top := int(ids.max())) >= vocab_size:
+            raise ValueError(f"SamplingParams.{name} has token id {top}: the vocabulary has {vocab_size} tokens")
     if not params.bad_words:
         return params
     params = copy.copy(params)

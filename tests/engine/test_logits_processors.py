@@ -1,10 +1,19 @@
 """vLLM's sampling knobs against their oracles, float32 greedy, token for token: transformers' repetition_penalty,
 min_new_tokens, bad_words_ids and sequence_bias; a plain loop of OpenAI's presence/frequency penalty definition;
-speculative verification honouring them; bad values refused."""
+speculative verification honouring them; bad values refused. logit_bias and allowed_token_ids, applied as one
+scatter per request, against a per-row loop over the ids; their tensors made once per request and freed with it."""
+import dataclasses
+import gc
+import weakref
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import nano_infer.sampling_params as sampling_params_module
 from nano_infer import LLM, SamplingParams
+from nano_infer.engine.logits_processors import Row, apply_logits_rules
 from nano_infer.spec import SpeculativeDecoder
 from tests.helpers.engine_checks import assert_idle_and_blocks_free
 from tests.helpers.model_factory import hf_model
@@ -127,6 +136,9 @@ def test_speculative_verification_honours_the_rules(qwen2_dir, hf, ps):
     assert ours(spec, ps, frequency_penalty=0.9) == want
     stats = spec.engine.plugin(SpeculativeDecoder).stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, "verification accepted all or nothing: not exercised"
+    plain = ours(spec, ps)
+    rules = dict(logit_bias={plain[0][1]: -100.0, 7: 2.5}, allowed_token_ids=list(range(300)) * 3)
+    assert ours(spec, ps, **rules) == ours(LLM(str(qwen2_dir), dtype="float32", block_size=4), ps, **rules) != plain
 
 
 def test_include_stop_str_in_output(llm, ps, tokenizer):
@@ -144,7 +156,9 @@ def test_include_stop_str_in_output(llm, ps, tokenizer):
     dict(repetition_penalty=0), dict(repetition_penalty=float("nan")), dict(presence_penalty=2.5),
     dict(frequency_penalty=-3), dict(min_p=1.5), dict(min_tokens=-1), dict(min_tokens=20, max_tokens=10),
     dict(logit_bias={"a": 1}), dict(logit_bias={1: float("inf")}), dict(bad_words=["  "]), dict(bad_words="abc"),
-    dict(allowed_token_ids=[]), dict(allowed_token_ids=[-1]), dict(include_stop_str_in_output="yes")])
+    dict(allowed_token_ids=[]), dict(allowed_token_ids=[-1]), dict(include_stop_str_in_output="yes"),
+    dict(logit_bias={2**70: 1.0}), dict(logit_bias={True: 1.0}), dict(logit_bias={1: 10**400}),
+    dict(allowed_token_ids=[2**64]), dict(allowed_token_ids=[1, True]), dict(allowed_token_ids=[1.0])])
 def test_bad_values_are_refused_with_the_name(knobs):
     with pytest.raises(ValueError, match=next(k for k in knobs if k != "max_tokens")):
         SamplingParams(**knobs)
@@ -160,3 +174,69 @@ def test_token_ids_past_the_vocabulary_are_refused_before_anything_runs(llm, ps)
 
 def test_logit_bias_is_clamped_to_openai_range():
     assert SamplingParams(logit_bias={3: 500, 4: -1e9}).logit_bias == {3: 100.0, 4: -100.0}
+
+
+def rules_per_row(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The rules' meaning, one row and one id at a time: the bias added to the logit (float32), then every id
+    not allowed -inf; ids past the logit rows skipped."""
+    out = logits.clone()
+    for i, p in enumerate(params):
+        for t, b in (p.logit_bias or {}).items():
+            if t < out.shape[-1]:
+                out[i, t] = out[i, t] + torch.tensor(b, dtype=out.dtype)
+        if p.allowed_token_ids is not None:
+            for t in range(out.shape[-1]):
+                if t not in p.allowed_token_ids:
+                    out[i, t] = float("-inf")
+    return out
+
+
+VOCAB = 24
+token_ids = st.integers(0, VOCAB + 3)  # a few past the logit rows
+some_params = st.builds(
+    lambda bias, allowed: SamplingParams(logit_bias=bias, allowed_token_ids=allowed),
+    st.none() | st.dictionaries(token_ids, st.floats(-150, 150, allow_nan=False), max_size=VOCAB + 4),
+    st.none() | st.lists(token_ids, min_size=1, max_size=40))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(some_params, min_size=1, max_size=4), st.lists(st.integers(0, 3), min_size=1, max_size=8),
+       st.integers(0, 2**16))
+def test_rules_as_tensors_give_the_per_row_logits(requests, picks, seed):
+    """Rows of a few requests, several rows of one request (its samples, a verify's positions) side by side,
+    some logits already -inf (a constraint's mask): exactly the per-row loop's logits."""
+    params = [requests[k % len(requests)] for k in picks]
+    logits = torch.randn(len(params), VOCAB, generator=torch.Generator().manual_seed(seed)) * 10
+    logits[logits > 12] = float("-inf")
+    got = apply_logits_rules(logits, [Row(p, [1, 2], [3]) for p in params], eos_token_ids={0})
+    assert torch.equal(got, rules_per_row(logits, params))
+
+
+def test_rule_tensors_are_made_once_per_request_and_freed_with_it(llm, ps, monkeypatch):
+    """n samples, every step, the server's copy with a cache_salt (dataclasses.replace) and the engine's checks
+    share the tensors made when the params were checked; nothing keeps them past the next step (the output
+    processor holds the last step's requests until then)."""
+    made = []
+    build = sampling_params_module.build_token_rules
+    monkeypatch.setattr(sampling_params_module, "build_token_rules", lambda *a: made.append(1) or build(*a))
+    params = SamplingParams(n=4, temperature=0.8, seed=1, max_tokens=MAX_NEW, ignore_eos=True,
+                            logit_bias={t: 1.5 for t in range(0, 400, 3)}, allowed_token_ids=list(range(200)) * 50)
+    params = dataclasses.replace(params, cache_salt="tenant")
+    out = llm.generate(prompt_token_ids=ps, sampling_params=params)
+    assert made == [1] and all(len(o.token_ids) == MAX_NEW and max(o.token_ids) < 200 for r in out for o in r.outputs)
+    rules = weakref.ref(params.token_rules)
+    del params, out
+    ours(llm, ps[:1])
+    gc.collect()
+    assert rules() is None
+    assert_idle_and_blocks_free(llm.engine)
+
+
+def test_a_rule_field_reassigned_after_construction_is_made_again_and_checked(llm, ps):
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, allowed_token_ids=[5])
+    params.allowed_token_ids = [9]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=ps[:1], sampling_params=params)] == [[9] * 4]
+    params.logit_bias = {"a": 1}
+    with pytest.raises(ValueError, match="logit_bias"):
+        llm.generate(prompt_token_ids=ps[:1], sampling_params=params)
+    assert_idle_and_blocks_free(llm.engine)
