@@ -98,10 +98,11 @@ class CompilePool:
         the result with every tenant. Anything else is `tenant`'s own: compiled, cached and counted
         toward its share for it alone.
         """
-        key = constraint_key(params)
-        if key is None:
+        if not params.constrained:
             return None
-        check_key(key, self.limits)  # megabytes, and schemas that stand for gigabytes, never travel to a worker
+        # a schema's canonical text, and its regex's length, take time that grows with what a client sent: off the
+        # event loop. Megabytes, and schemas that stand for gigabytes, never travel to a worker.
+        key = await asyncio.to_thread(self._checked_key, params)
         shared = trusted or key == ANY_OBJECT_KEY
         owner = SHARED if shared else tenant
         index = self.vocab.index_cache.get(owner, key)
@@ -113,6 +114,11 @@ class CompilePool:
         except asyncio.CancelledError:
             self._leave((owner, key), job)
             raise
+
+    def _checked_key(self, params) -> tuple[str, str]:
+        key = constraint_key(params)
+        check_key(key, self.limits)
+        return key
 
     def _join(self, owned: tuple, timeout: float | None, tenant: str | None) -> _Job:
         """The compile of `owned` (owner, key): the one running for that owner, else a new one."""
