@@ -37,7 +37,7 @@ from ..models.loader import (default_model, eos_token_ids, load_config, load_mod
 from .cpu_allocator import keep_freed_memory
 from .memory import StepRecorder
 from .model_runner import ModelRunner
-from .scheduler import Scheduler, scored_rows_per_step
+from .scheduler import WAITING_PROMPT_SHARE, Scheduler, scored_rows_per_step
 from .tp_worker import worker_runner
 
 if TYPE_CHECKING:
@@ -161,7 +161,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     scheduler = Scheduler(
         kv, max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         policy=config.scheduler_policy, mode=config.scheduler, chunked_prefill=config.enable_chunked_prefill,
-        lookahead=_lookahead(features), max_scored_rows=scored_rows_per_step(hf_config.vocab_size))
+        lookahead=_lookahead(features), max_scored_rows=scored_rows_per_step(hf_config.vocab_size),
+        prompt_share=WAITING_PROMPT_SHARE)
     for feature in features:
         feature.attach(runner, kv)
     recorder = StepRecorder(kv, scheduler, bytes_per_token) if config.record_steps else None

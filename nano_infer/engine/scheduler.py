@@ -32,10 +32,11 @@ baseline: admit a batch only when the previous one has completely finished.
 A prompt being scored (prompt logprobs) is prefilled `max_scored_rows` rows a step at most, shared by
 all such prompts: scoring costs its own request more steps, not every other request a slower one.
 
-While a request waits and a seat is free for it, the running prompts' chunks take at most half the
-budget together (`_prompt_room`): a short prompt that arrives behind a long one is computed in the
-next step, not after every chunk of the long one. The budget is still spent whole (the waiting
-request takes the rest), and a prompt alone gets all of it.
+With `prompt_share` < 1 (the engine's is WAITING_PROMPT_SHARE), while a request waits and a seat is free
+for it, the running prompts' chunks take at most that share of the budget together (`_prompt_room`): a
+short prompt that arrives behind a long one is computed in the next step, not after every chunk of the
+long one. The budget is still spent whole (the waiting request takes the rest), and a prompt alone
+gets all of it.
 
 `num_computed_tokens` moves in two places only: the KVManager sets it at admission (the cached
 prefix), and this scheduler advances it after a step (`advance`, called by whoever turns the
@@ -60,6 +61,9 @@ LPM_MAX_QUEUE = 128
 # prompt chunk of a large vocabulary's rows in one step makes every other tenant's first token wait for it;
 # 2**23 is 55 rows of Qwen2.5's 152,064, 170 of SmolLM2's 49,152.
 SCORED_LOGITS_PER_STEP = 2**23
+# the share of a step's budget running prompt chunks keep while a request waits: a server's newcomer behind
+# another tenant's long prompts is computed in the next step
+WAITING_PROMPT_SHARE = 0.5
 
 
 def scored_rows_per_step(vocab_size: int) -> int:
@@ -69,11 +73,13 @@ def scored_rows_per_step(vocab_size: int) -> int:
 class Scheduler:
     def __init__(self, kv: KVManager | None = None, *, max_num_seqs: int, max_num_batched_tokens: int,
                  policy: str = "fcfs", mode: str = "continuous", chunked_prefill: bool = True,
-                 lookahead: Callable[[Sequence], int] | None = None, max_scored_rows: int = sys.maxsize):
+                 lookahead: Callable[[Sequence], int] | None = None, max_scored_rows: int = sys.maxsize,
+                 prompt_share: float = 1.0):
         self.kv = kv if kv is not None else NoKVCache()  # the KVManager; none: every step recomputes
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_scored_rows = max_scored_rows  # prompt rows scored per step, by every scoring prompt together
+        self.prompt_share = prompt_share  # of the budget, for running prompt chunks while a request waits
         self.policy = policy
         self.mode = mode
         # with no KV cache a chunk's K/V would be gone before the next chunk: a prompt runs whole
@@ -108,14 +114,14 @@ class Scheduler:
         return min(n, budget)
 
     def _prompt_room(self) -> int:
-        """Tokens the running sequences' prompt chunks may take this step: half the budget while a waiting
-        request has a seat to take, else all of it."""
-        if not self.waiting or self.mode != "continuous" or not self.chunked_prefill:
+        """Tokens the running sequences' prompt chunks may take this step: `prompt_share` of the budget while a
+        waiting request has a seat to take, else all of it."""
+        if self.prompt_share >= 1 or not self.waiting or self.mode != "continuous" or not self.chunked_prefill:
             return self.max_num_batched_tokens
         seats = len(self.running) + sum(s.num_pending_forks for s in self.running)
         if seats + 1 + self.waiting[0].num_pending_forks > self.max_num_seqs:
             return self.max_num_batched_tokens
-        return self.max_num_batched_tokens // 2
+        return max(1, int(self.max_num_batched_tokens * self.prompt_share))
 
     def _schedule_running(self, out: SchedulerOutput, budget: int, prompt_room: int) -> int:
         # an idle sequence computes nothing: a beam whose next token waits for its siblings' rows (beam search)

@@ -290,7 +290,9 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
 
     seen = {}
 
-    def serve_briefly(llm, host, port, served_model_name, log_level, api_key, allowed_hosts, limits, sock):
+    def serve_briefly(llm, host, port, served_model_name, log_level, api_key, allowed_hosts, limits, sock, admin_key,
+                      metrics_public):
+        seen["metrics"] = admin_key, metrics_public
         seen["bound"] = sock.getsockname()  # the port taken before the model loaded
         seen["pace"], seen["backlog"] = limits.body_bytes_per_s, llm._tokenizer_thread.max_backlog
         sock.close()
@@ -315,10 +317,11 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(nano_infer.api_server, "run_server", serve_briefly)
     monkeypatch.setenv("NANO_INFER_API_KEY", "secret")
+    monkeypatch.setenv("NANO_INFER_ADMIN_KEY", "operator")
     assert main(["serve", "--model", str(qwen2_dir), "--port", "0", "--served-model-name", "tiny",
                  "--block-size", "8", "--max-num-seqs", "5", "--allowed-host", "box.lan", "--max-request-bytes", "1000",
                  "--max-request-bytes-per-second", "500000", "--max-tokenize-backlog", "7"]) == 0
-    assert (seen["pace"], seen["backlog"]) == (500_000, 7)
+    assert (seen["pace"], seen["backlog"], seen["metrics"]) == (500_000, 7, ("operator", False))
     assert seen["bound"][0] == "127.0.0.1" and seen["bound"][1] > 0
     assert seen["models"] == ["tiny"] and seen["usage"] == 3
     assert (seen["block_size"], seen["max_num_seqs"]) == (8, 5)
@@ -326,6 +329,8 @@ def test_nano_infer_serve_command(qwen2_dir, tmp_path, monkeypatch, capsys):
     assert not seen["llm"].is_running  # shut down when the server stops
     assert main(["serve", "--model", str(tmp_path / "no-such-model"), "--port", "0"]) == 2
     assert "neither a local folder nor a hub id" in capsys.readouterr().err
+    assert main(["serve", "--model", str(qwen2_dir), "--port", "0", "--admin-key", "secret"]) == 2  # a tenant's key
+    assert "--admin-key must be non-empty and differ from every --api-key" in capsys.readouterr().err
 
 
 def test_a_gguf_file_is_served_under_its_own_name(tmp_path):

@@ -274,3 +274,26 @@ def test_bad_options_are_rejected(kwargs):
     """...by EngineConfig, before any weights load."""
     with pytest.raises(ValueError):
         EngineConfig(**kwargs)
+
+
+def test_a_waiting_prompt_shares_the_step_with_a_long_running_one():
+    """A 200-token prompt being computed in chunks of a 64-token budget, and a 4-token prompt arriving: with
+    prompt_share 0.5 the newcomer is computed in the next step beside a 32-token chunk; with the whole budget to
+    running chunks (prompt_share 1) it waits for the long prompt's last chunk. Alone, a prompt gets all 64."""
+    def steps_until_short_runs(share: float) -> tuple[list[int], int]:
+        sched = Scheduler(KVManager(BlockManager(256, 16)), max_num_seqs=4, max_num_batched_tokens=64,
+                          prompt_share=share)
+        sched.add(Sequence("long", [1] * 200, SamplingParams()))
+        first = sched.schedule().scheduled
+        first[0].seq.num_computed_tokens += first[0].num_tokens
+        sched.add(Sequence("short", [2] * 4, SamplingParams()))
+        for step in range(1, 10):
+            out = sched.schedule().scheduled
+            for s in out:
+                s.seq.num_computed_tokens += s.num_tokens
+            if any(s.seq.request_id == "short" for s in out):
+                return [s.num_tokens for s in first], step
+        raise AssertionError("the short prompt never ran")
+
+    assert steps_until_short_runs(0.5) == ([64], 1)
+    assert steps_until_short_runs(1.0) == ([64], 3)  # after the long prompt's chunks of 64, 64 and 8 (+ 4)
