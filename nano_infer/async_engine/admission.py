@@ -16,6 +16,12 @@ within `prefill_share` (one step's budget; always at least one request): its nex
 engine when the last one's prefill is done, and a flood of long prompts delays another tenant's first
 token by a step or two. A tenant alone loses nothing by it: a step computes no more than its budget.
 
+Logprobs are the engine's memory a client sizes: a request keeps every sampled token's `logprobs` + 1
+entries (and its scored prompt's) until it ends, and 64 streams of 4 samples x 1,500 tokens with 20
+logprobs each held the best part of a gigabyte. So a tenant's admitted requests may hold at most
+`logprob_share` entries between them (counted at the most each can hold; at least one request), and
+the rest wait here, where they hold nothing. Requests without logprobs count nothing.
+
 Only the engine thread calls it.
 """
 from __future__ import annotations
@@ -30,6 +36,8 @@ from typing import Generic, TypeVar
 from ..core.request import Request
 
 Message = TypeVar("Message")
+# logprob entries one tenant's admitted requests may hold: four replies at the server's cap (MAX_REPLY_LOGPROBS)
+LOGPROB_SHARE = 4 * 131_072
 
 
 @dataclass(order=True)
@@ -41,13 +49,15 @@ class Pending(Generic[Message]):
     message: Message = field(compare=False)  # what AsyncLLM adds to the engine (an AddRequest)
     request_id: str = field(default="", compare=False)
     prompt_tokens: int = field(default=0, compare=False)
+    logprob_entries: int = field(default=0, compare=False)  # the most its outputs can hold (logprob_entries())
     cancelled: bool = field(default=False, compare=False)  # aborted, or done with the engine
     admitted: bool = field(default=False, compare=False)
 
 
 class Admission:
-    def __init__(self, max_num_seqs: int, prefill_share: int | None = None):
-        self.max_num_seqs, self.prefill_share = max_num_seqs, prefill_share
+    def __init__(self, max_num_seqs: int, prefill_share: int | None = None, logprob_share: int | None = None):
+        self.max_num_seqs, self.prefill_share, self.logprob_share = max_num_seqs, prefill_share, logprob_share
+        self.logprobs: dict[str, int] = {}  # logprob entries each tenant's admitted requests may hold
         self.queues: dict[str, list[Pending]] = {}  # a heap per tenant with requests waiting
         self.turns: deque[str] = deque()  # tenants with requests waiting, the next to admit first
         self.running: dict[str, int] = {}  # sequences each tenant has in the engine
@@ -56,9 +66,9 @@ class Admission:
         self._arrivals = itertools.count()
 
     def put(self, tenant: str, priority: int, seqs: int, message: Message, request_id: str = "",
-            prompt_tokens: int = 0) -> Pending:
+            prompt_tokens: int = 0, logprob_entries: int = 0) -> Pending:
         item = Pending(priority, next(self._arrivals), tenant, seqs, message, request_id=request_id,
-                       prompt_tokens=prompt_tokens)
+                       prompt_tokens=prompt_tokens, logprob_entries=logprob_entries)
         if tenant not in self.queues:
             self.queues[tenant] = []
             self.turns.append(tenant)
@@ -88,6 +98,8 @@ class Admission:
             self.running[tenant] = self.running.get(tenant, 0) + item.seqs
             self.prefilling.setdefault(tenant, []).append(item)
             self._prefill[tenant] = self._prefill.get(tenant, 0) + item.prompt_tokens
+            if item.logprob_entries:
+                self.logprobs[tenant] = self.logprobs.get(tenant, 0) + item.logprob_entries
             taken.append(item)
             blocked = 0
         return taken
@@ -96,6 +108,9 @@ class Admission:
         running, prefill = self.running.get(tenant, 0), self._prefill.get(tenant, 0)
         share = max(1, self.max_num_seqs // (len(set(self.running) | set(self.queues)) + 1))
         if self.prefill_share is not None and prefill and prefill + item.prompt_tokens > self.prefill_share:
+            return False
+        held = self.logprobs.get(tenant, 0)
+        if self.logprob_share is not None and held and held + item.logprob_entries > self.logprob_share:
             return False
         return running == 0 or running + item.seqs <= share
 
@@ -116,6 +131,12 @@ class Admission:
         prefilling = self.prefilling.get(item.tenant, [])
         if item in prefilling:
             prefilling.remove(item)
+        if item.logprob_entries:
+            held = self.logprobs[item.tenant] - item.logprob_entries
+            if held:
+                self.logprobs[item.tenant] = held
+            else:
+                del self.logprobs[item.tenant]
         left = self.running[item.tenant] - item.seqs
         if left:
             self.running[item.tenant] = left
@@ -128,3 +149,16 @@ def _uncomputed(request: Request | None) -> int:
     if request is None:
         return 0
     return sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in request.seqs)
+
+
+def logprob_entries(params, prompt_tokens: int, max_model_len: int) -> int:
+    """The most logprob entries a request's outputs can hold: n x its tokens x (logprobs + 1), and its scored
+    prompt's rows x (prompt_logprobs + 1)."""
+    entries = 0
+    logprobs, prompt_logprobs = getattr(params, "logprobs", None), getattr(params, "prompt_logprobs", None)
+    if logprobs is not None:
+        tokens = params.max_tokens if params.max_tokens is not None else max_model_len - prompt_tokens
+        entries += getattr(params, "n", 1) * tokens * (logprobs + 1)
+    if prompt_logprobs is not None:
+        entries += prompt_tokens * (prompt_logprobs + 1)
+    return entries

@@ -26,8 +26,8 @@ to the loop's self-pipe, which wakes `select()`; the offer then runs on the loop
 mailbox keeps only the newest output: outputs are cumulative, so a client that stops reading holds
 one output, never a queue of them (which would grow with the square of its tokens).
 
-Requests wait for the engine in `Admission`, per tenant, and join it by turns, so one tenant's
-flood cannot push another's first token back by more than a step or two.
+Requests wait for the engine in `Admission`, per tenant, and join it by turns within shares (seats,
+prompt tokens, logprobs), so one tenant's flood pushes another's first token back a step or two at most.
 
 Nothing slow in a request's preparation runs on the engine thread, where it would pause every
 stream. Tokenizing (a prompt, a chat template) runs on a tokenizer thread of its own, queued per
@@ -51,15 +51,14 @@ from ..engine.stats import EngineStats
 from ..llm import LLM
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
-from .admission import Admission
+from .admission import LOGPROB_SHARE, Admission, logprob_entries
 from .chat_limits import check_prompt_size, tokens_per_message
 from .fair_queue import FairQueue
 from .inbox import AbortRequest, AddRequest, Shutdown
 from .streams import Deltas, Stream
 
 TOKENIZE_BACKLOG = 1024  # prompts one tenant may have waiting for the tokenizer (a full request holds 256)
-# a tenant keeps the tokenizer thread busy at most half the time: rendering a chat template is Python, holding the GIL
-TOKENIZE_DUTY = 0.5
+TOKENIZE_DUTY = 0.5  # of the tokenizer thread's time, per tenant: rendering a chat template holds the GIL
 
 
 class EngineUnavailable(RuntimeError):
@@ -79,7 +78,7 @@ class AsyncLLM:
         self._compile_pool = None  # started by the first constrained request
         self._inbox: queue.Queue = queue.Queue()
         scheduler = self.engine.scheduler  # engine thread only:
-        self._admission = Admission(scheduler.max_num_seqs, scheduler.max_num_batched_tokens)
+        self._admission = Admission(scheduler.max_num_seqs, scheduler.max_num_batched_tokens, LOGPROB_SHARE)
         self._streams: dict[str, Stream] = {}  # requests admitted or waiting for admission; engine thread only
         self._lock = threading.Lock()  # orders shutdown against new requests
         self._closed = False
@@ -238,8 +237,9 @@ class AsyncLLM:
         if s.request_id in self._streams or s.request_id in self.engine.requests:
             self._push(s, ValueError(f"request id {s.request_id!r} is already in use"))
             return
-        s.pending = self._admission.put(add.tenant or "", add.priority, getattr(add.params, "n", 1), add,
-                                        s.request_id, len(add.prompt_token_ids))
+        ids = len(add.prompt_token_ids)
+        s.pending = self._admission.put(add.tenant or "", add.priority, getattr(add.params, "n", 1), add, s.request_id,
+                                        ids, logprob_entries(add.params, ids, self.engine.max_model_len))
         self._streams[s.request_id] = s
 
     def _abort(self, s: Stream) -> None:

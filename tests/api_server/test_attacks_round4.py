@@ -4,10 +4,11 @@ Each attack floods from the attacker's key while the victim's first tokens are t
 relative to a control load (the same loops without the suspect field) measured in the same run.
 """
 import json
+import time
 
 import pytest
 
-from tests.helpers.attacks import Flood, as_attacker, chat, settle, two_tenants, victim_first_tokens
+from tests.helpers.attacks import ATTACKER, Flood, as_attacker, chat, settle, two_tenants, victim_first_tokens
 
 pytestmark = pytest.mark.slow  # live servers under load
 FLOOR_S = 0.5  # a victim's first token this fast is not slowed, whatever the ratio (scheduler noise on a shared machine)
@@ -172,3 +173,53 @@ def test_32_echoed_prompts_with_logprobs_are_charged_to_the_scorer(wide_vocab_te
     assert attacked < max(FLOOR_S, 3 * calm), (attacked, calm)
     assert set(flood.statuses) == {200}, flood.statuses
     settle(llm)
+
+
+def test_33_logprobs_a_tenant_leaves_unread_are_held_within_its_share(tenants):
+    """24 streams of 4 samples x 600 tokens with 20 logprobs each (50,400 entries apiece), sent from sockets that
+    read nothing: the engine holds every sampled token's logprobs until a request ends, so what one tenant's
+    requests may hold is bounded (Admission's logprob share) and the rest wait holding nothing; the victim's first
+    token is bounded against the same streams without logprobs."""
+    import socket
+    import threading
+
+    from nano_infer.async_engine.admission import LOGPROB_SHARE, logprob_entries
+    from nano_infer import SamplingParams
+
+    llm, server = tenants
+    one = logprob_entries(SamplingParams(n=4, max_tokens=600, logprobs=20), 8, 2048)
+
+    def stalled_streams(logprobs: bool) -> tuple[float, int]:
+        body = encoded({"prompt": "To be", "n": 4, "max_tokens": 600, "ignore_eos": True, "stream": True,
+                        **({"logprobs": 20} if logprobs else {})})
+        socks, held, stop = [], [0], threading.Event()
+
+        def watch():
+            while not stop.is_set():
+                held[0] = max(held[0], llm._admission.logprobs.get("key 1", 0))
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        for _ in range(24):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", server.port))
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                         b"authorization: Bearer " + ATTACKER.encode() + b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            socks.append(sock)
+        time.sleep(1.0)  # the streams run, their replies unread
+        first_token = victim_first_tokens(server.url)
+        stop.set()
+        watcher.join()
+        for sock in socks:
+            sock.close()
+        settle(llm)
+        return first_token, held[0]
+
+    calm, _ = stalled_streams(logprobs=False)
+    attacked, held = stalled_streams(logprobs=True)
+    print(f"\nvictim's first token {calm:.3f} s beside plain streams, {attacked:.3f} s beside logprob streams; "
+          f"the attacker held at most {held:,} logprob entries (share {LOGPROB_SHARE:,})")
+    assert one <= held <= LOGPROB_SHARE, (held, one)
+    assert attacked < max(FLOOR_S, 3 * calm), (attacked, calm)

@@ -94,3 +94,23 @@ def test_a_long_prompt_waits_for_its_tenants_prefill_not_for_anothers():
     assert admission.take(running) == [other]
     running["a1"].seqs[0].num_computed_tokens = 480
     assert [item.request_id for item in admission.take(running)] == ["a2"]
+
+
+def test_a_tenants_logprobs_wait_past_its_share_and_plain_requests_do_not():
+    """Requests that may hold more logprob entries than the tenant's share wait for the ones admitted to end;
+    one always runs, another tenant's are let in, and a request without logprobs counts nothing."""
+    from nano_infer.async_engine.admission import Admission, logprob_entries
+
+    heavy = SamplingParams(n=4, max_tokens=1500, logprobs=20)
+    assert logprob_entries(heavy, 10, 2048) == 4 * 1500 * 21
+    assert logprob_entries(SamplingParams(max_tokens=None, logprobs=0, prompt_logprobs=2), 48, 2048) == 2000 + 48 * 3
+    assert logprob_entries(SamplingParams(max_tokens=1500), 10, 2048) == 0
+    admission = Admission(max_num_seqs=64, logprob_share=300_000)
+    a = [admission.put("a", 0, 4, None, f"a{i}", 10, logprob_entries(heavy, 10, 2048)) for i in range(3)]
+    plain = admission.put("a", 0, 1, None, "plain", 10, 0)
+    b = admission.put("b", 0, 4, None, "b0", 10, logprob_entries(heavy, 10, 2048))
+    taken = admission.take()
+    assert a[0] in taken and b in taken and a[1] in taken and a[2] not in taken  # 3 x 126,000 > 300,000
+    assert plain not in taken  # behind a[2] in its tenant's queue
+    admission.done(a[0])
+    assert admission.take() == [a[2], plain] and admission.logprobs == {"a": 252_000, "b": 126_000}
