@@ -520,25 +520,10 @@ def wide_vocab_tenants(tmp_path_factory, tokenizer):
     """Two tenants on a model with Qwen2.5's vocabulary size (152,064 rows, of which the tokenizer's 451 are
     real, the rest zero as a checkpoint's padding rows: never the likeliest), so a scored prompt row costs
     what it costs on the real model: a log_softmax over 152,064 logits."""
-    from nano_infer.async_engine.async_llm import AsyncLLM
-    from tests.helpers.model_factory import MODEL_CLASSES, hf_config
+    from tests.helpers.model_factory import make_padded_vocab_dir
 
-    import torch
-
-    folder = tmp_path_factory.mktemp("wide_vocab")
-    torch.manual_seed(0)
-    model = MODEL_CLASSES["qwen2"](hf_config("qwen2", 152_064, tokenizer.convert_tokens_to_ids("<|im_end|>")))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn_like(p)) if "norm" in name else p.normal_(0.0, 0.1)
-        model.model.embed_tokens.weight[len(tokenizer):] = 0
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    llm = AsyncLLM(str(folder), dtype="float32", block_size=4, max_num_seqs=16)
-    server = BackgroundServer(llm, api_key=(VICTIM, ATTACKER), limits=ROUND2_LIMITS)
-    yield llm, server
-    server.stop()
-    llm.shutdown()
+    with two_tenants(make_padded_vocab_dir(tmp_path_factory.mktemp("wide_vocab"), tokenizer)) as both:
+        yield both
 
 
 def test_19_scoring_prompts_slows_only_the_scorer(wide_vocab_tenants):

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from tests.helpers.attacks import ATTACKER, Flood, as_attacker, chat, settle, two_tenants, victim_first_tokens
+from tests.helpers.attacks import (ATTACKER, Flood, as_attacker, chat, encoded, settle, two_tenants,
+                                   victim_first_tokens)
 
 pytestmark = pytest.mark.slow  # live servers under load
 FLOOR_S = 0.5  # a victim's first token this fast is not slowed, whatever the ratio (scheduler noise on a shared machine)
@@ -27,27 +28,14 @@ def tenants(tokenizer, tmp_path_factory):
     small real model's does, so a queue of prefills is seen), its chat template rendering tools as Qwen2.5's."""
     import copy
 
-    import torch
-    from transformers import Qwen2Config
+    from tests.helpers.model_factory import make_padded_vocab_dir
 
-    from tests.helpers.model_factory import MODEL_CLASSES, hf_config
-
-    folder = tmp_path_factory.mktemp("round4")
-    small = hf_config("qwen2", len(tokenizer), tokenizer.convert_tokens_to_ids("<|im_end|>")).to_dict()
-    del small["layer_types"]  # one per layer: made again for 4
-    config = Qwen2Config(**{**small, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4,
-                            "max_position_embeddings": 2048})
-    torch.manual_seed(0)
-    MODEL_CLASSES["qwen2"](config).save_pretrained(folder)
     tools_tokenizer = copy.deepcopy(tokenizer)
     tools_tokenizer.chat_template = TOOLS_TEMPLATE
-    tools_tokenizer.save_pretrained(folder)
+    folder = make_padded_vocab_dir(tmp_path_factory.mktemp("round4"), tools_tokenizer, len(tokenizer), hidden_size=512,
+                                   intermediate_size=1536, num_hidden_layers=4, max_position_embeddings=2048)
     with two_tenants(folder, max_num_seqs=128, max_num_batched_tokens=256) as both:  # a tenant holds 42 seats
         yield both
-
-
-def encoded(body: dict) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def slowdown_beside(url, path, attack: bytes, control: bytes, loops: int) -> tuple[float, float, Flood]:
@@ -143,19 +131,9 @@ def wide_vocab_tenants(tokenizer, tmp_path_factory):
     """Two tenants on the test model with Qwen2.5's vocabulary size (152,064 rows; those past the tokenizer's
     zero, as a checkpoint's padding rows) and 2,048 positions: a scored prompt row costs a log_softmax over
     152,064 logits, as on the real model."""
-    import torch
-    from transformers import Qwen2Config
+    from tests.helpers.model_factory import make_padded_vocab_dir
 
-    from tests.helpers.model_factory import MODEL_CLASSES, hf_config
-
-    folder = tmp_path_factory.mktemp("round4_wide")
-    small = hf_config("qwen2", 152_064, tokenizer.convert_tokens_to_ids("<|im_end|>")).to_dict()
-    torch.manual_seed(0)
-    model = MODEL_CLASSES["qwen2"](Qwen2Config(**{**small, "max_position_embeddings": 2048}))
-    with torch.no_grad():
-        model.model.embed_tokens.weight[len(tokenizer):] = 0
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    folder = make_padded_vocab_dir(tmp_path_factory.mktemp("round4_wide"), tokenizer, max_position_embeddings=2048)
     with two_tenants(folder) as both:
         yield both
 

@@ -5,13 +5,13 @@ relative to a control load (the same requests without the rule) measured in the 
 has Qwen2.5's vocabulary size (152,064 rows, of which the tokenizer's are real and the rest zero, as a
 checkpoint's padding rows), so a rule over the whole vocabulary is as large as on the real model.
 """
-import json
 import re
 
 import psutil
 import pytest
 
-from tests.helpers.attacks import MAX_GAP, Flood, as_attacker, chat, settle, two_tenants, victim_first_tokens
+from tests.helpers.attacks import (MAX_GAP, Flood, as_attacker, chat, encoded, settle, two_tenants,
+                                   victim_first_tokens)
 
 pytestmark = pytest.mark.slow  # live servers under load
 VOCAB = 152_064
@@ -22,25 +22,11 @@ RSS_SLACK = 200 * 1024**2
 @pytest.fixture(scope="module")
 def tenants(tmp_path_factory, tokenizer):
     """Two tenants on a model of VOCAB rows, up to 128 sequences a step (a request of n=128 runs whole)."""
-    import torch
+    from tests.helpers.model_factory import make_padded_vocab_dir
 
-    from tests.helpers.model_factory import MODEL_CLASSES, hf_config
-
-    folder = tmp_path_factory.mktemp("token_rules_vocab")
-    torch.manual_seed(0)
-    model = MODEL_CLASSES["qwen2"](hf_config("qwen2", VOCAB, tokenizer.convert_tokens_to_ids("<|im_end|>")))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn_like(p)) if "norm" in name else p.normal_(0.0, 0.1)
-        model.model.embed_tokens.weight[len(tokenizer):] = 0
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    folder = make_padded_vocab_dir(tmp_path_factory.mktemp("token_rules_vocab"), tokenizer, VOCAB)
     with two_tenants(folder, max_num_seqs=128) as both:
         yield both
-
-
-def encoded(body: dict) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def greedy(n: int, max_tokens: int = 8, **rules) -> dict:

@@ -81,6 +81,10 @@ def post(url, path, body=None, content=None, timeout=30.0, headers=None):
 CHAT = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
 
 
+def encoded(body: dict) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 def chat(**extra):
     return {**CHAT, **extra}
 

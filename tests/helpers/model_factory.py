@@ -72,3 +72,21 @@ def hf_model(folder: Path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+
+
+def make_padded_vocab_dir(folder: Path, tokenizer, vocab_size: int = 152_064, **config) -> Path:
+    """A qwen2 test model with `vocab_size` rows (Qwen2.5's by default) of which the tokenizer's are real and the rest
+    zero, as a checkpoint's padding rows: a logit row costs what it costs on the real model. `config` overrides the
+    shape (hidden_size, num_hidden_layers, max_position_embeddings, ...)."""
+    small = hf_config("qwen2", vocab_size, tokenizer.convert_tokens_to_ids("<|im_end|>")).to_dict()
+    del small["layer_types"]  # one per layer: made again for the layers asked
+    torch.manual_seed(0)
+    model = MODEL_CLASSES["qwen2"](Qwen2Config(**{**small, **config}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn_like(p)) if "norm" in name else p.normal_(0.0, 0.1)
+        model.model.embed_tokens.weight[len(tokenizer):] = 0
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
