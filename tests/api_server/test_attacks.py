@@ -488,13 +488,13 @@ def slow_tokenizer(llm, monkeypatch):
 
 
 def test_17_one_tenants_tokenizing_backlog_does_not_delay_another(tenants, monkeypatch):
-    """16 chats in a loop and two bodies of 64 prompts, each slow to tokenize: the other tenant's
+    """16 chats in a loop and two bodies of 32 prompts, each slow to tokenize: the other tenant's
     first token waits for at most one of them (per-tenant queues served in turn), not for all."""
     llm, server = tenants
     slow_tokenizer(llm, monkeypatch)
     control = victim_first_tokens(server.url)
     chats = json.dumps(chat(messages=[{"role": "user", "content": SLOW_MARKER}], max_tokens=1)).encode()
-    batch = json.dumps({"prompt": [SLOW_MARKER] * 64, "max_tokens": 1}).encode()
+    batch = json.dumps({"prompt": [SLOW_MARKER] * 32, "max_tokens": 1}).encode()
     with Flood(server.url, "/v1/chat/completions", chats, 16) as flood, Flood(server.url, "/v1/completions", batch, 2):
         attacked = victim_first_tokens(server.url)
     assert attacked < max(MAX_GAP, 3 * control), (attacked, control)

@@ -139,18 +139,18 @@ def wide_vocab_tenants(tokenizer, tmp_path_factory):
 
 
 def test_32_echoed_prompts_with_logprobs_are_charged_to_the_scorer(wide_vocab_tenants):
-    """echo + logprobs 20 over 3 prompts of 2,040 random token ids, in 2 loops: 122,400 prompt logprobs a
+    """echo + logprobs 20 over 3 prompts of 1,020 random token ids, in 2 loops: 64,260 prompt logprobs a
     request, each a decoded token and its 20 alternatives. Scored a bounded slice per step, and turned into
     the reply in the attacker's worker turn, not on the engine thread every stream's step waits for. Among a
     row's top 20 are padding rows past the tokenizer: no text (they were a 500)."""
     llm, server = wide_vocab_tenants
     rng = __import__("random").Random(1)
-    prompts = [[rng.randrange(5, 440) for _ in range(2040)] for _ in range(3)]
+    prompts = [[rng.randrange(5, 440) for _ in range(1020)] for _ in range(3)]
     scored = encoded({"prompt": prompts, "echo": True, "logprobs": 20, "max_tokens": 1})
     r = as_attacker(server.url, "/v1/completions", content=scored, headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text[:300]
     rows = [row for choice in r.json()["choices"] for row in choice["logprobs"]["top_logprobs"][1:]]
-    assert len(rows) == 3 * 2040 and "" in set().union(*rows), len(rows)  # a padding row ranked, as no text
+    assert len(rows) == 3 * 1020 and "" in set().union(*rows), len(rows)  # a padding row ranked, as no text
     plain = encoded({"prompt": prompts, "max_tokens": 1})
     calm, attacked, flood = slowdown_beside(server.url, "/v1/completions", scored, plain, 2)
     assert attacked < max(FLOOR_S, 3 * calm), (attacked, calm)
