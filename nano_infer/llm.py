@@ -145,14 +145,17 @@ class LLM:
             bar.close()
         return [results[rid] for rid in ids]
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool | None = None,
                             allow_special_tokens: bool = False, **kwargs) -> list[int]:
         """Token ids of a conversation. Control tokens typed in a message's content stay text (a user
-        cannot open a system turn) unless `allow_special_tokens=True` (see chat_template)."""
+        cannot open a system turn) unless `allow_special_tokens=True` (see chat_template).
+        `add_generation_prompt`: the argument, else what a `Chat` carries (a server request's), else True."""
         if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
             raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
-        kwargs = {**getattr(messages, "template_kwargs", {}), **kwargs}  # a Chat carries its tools
-        return chat_token_ids(self.tokenizer, messages, add_generation_prompt, allow_special_tokens, **kwargs)
+        kwargs = {"add_generation_prompt": True, **getattr(messages, "template_kwargs", {}), **kwargs}  # a Chat's tools
+        if add_generation_prompt is not None:
+            kwargs["add_generation_prompt"] = add_generation_prompt
+        return chat_token_ids(self.tokenizer, messages, allow_special_tokens=allow_special_tokens, **kwargs)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool | None = None, **template_kwargs) -> list[RequestOutput]:

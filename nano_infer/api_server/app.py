@@ -31,18 +31,19 @@ from .beam import beam_search_params
 from ..constrained.compile_pool import CompilePoolBusy, TenantCompilesBusy
 from ..async_engine.fair_queue import FairQueue, TenantBacklogFull
 from ..async_engine.metrics import EngineMetrics
-from .protocol import (ChatBody, CompletionBody, ContentPart, ProtocolError, check_reply_size, completion_prompts,
+from .protocol import (ChatBody, CompletionBody, ProtocolError, check_reply_size, completion_prompts,
                         max_prompt_tokens)
 from .sampling import sampling_params
 from .tools import ToolPlan, chat_messages, tool_plan
 from ..sampling_params import SamplingParams
 from .body import BodyParser
-from .errors import EXCEPTION_HANDLERS, APIError
+from .errors import EXCEPTION_HANDLERS, APIError, check_model
 from .fanout import fan_out
 from .guard import Drain, _Guard
 from .limits import ServerLimits
 from .render import sse_events, _Render, _whole_reply, whole_reply_bytes
 from .tenants import Tenants
+from .tokenizer_routes import add_tokenizer_routes
 
 
 SERVER_WORKERS = 2  # threads parsing bodies and rendering whole replies, shared by all tenants in turn
@@ -69,7 +70,9 @@ def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str 
     app.state.metrics = EngineMetrics(lambda: llm.stats, model_name)  # errors.py counts the 500s on it
     _add_probes(app, llm, app.state.metrics, None if metrics_public else (admin_key or "").encode())
     work = FairQueue(SERVER_WORKERS, WORK_BACKLOG, "server", duty=WORK_DUTY)  # bodies parsed, replies rendered
-    _add_api(app, llm, model_name, BodyParser(limits, work), work)
+    parser = BodyParser(limits, work)
+    _add_api(app, llm, model_name, parser, work)
+    add_tokenizer_routes(app, llm, model_name, parser, work)
     return app
 
 
@@ -130,7 +133,7 @@ def _completion_request(body: CompletionBody, model_name: str, max_model_len: in
     """The prompts (strings or token ids) and the sampling parameters of a /v1/completions body. With
     `echo` and `logprobs` the prompt is scored too (prompt logprobs); `max_tokens: 0` (only with
     `echo`) samples one token from the prompt's last row, which the reply leaves out."""
-    _check_model(body.model, model_name)
+    check_model(body.model, model_name)
     with _refusal():
         prompts = completion_prompts(body)
         for i, prompt in enumerate(prompts):  # counted here: the engine thread read 2 million ids before refusing them
@@ -145,12 +148,12 @@ def _completion_request(body: CompletionBody, model_name: str, max_model_len: in
 
 def _chat_request(body: ChatBody, model_name: str, max_model_len: int) -> tuple[list[dict], SamplingParams, ToolPlan | None]:
     """The messages, for the chat template, the sampling parameters and the tool plan of a /v1/chat/completions body."""
-    _check_model(body.model, model_name)
+    check_model(body.model, model_name)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens, logprobs = body.max_completion_tokens or body.max_tokens, (body.top_logprobs or 0) if body.logprobs else None
     with _refusal():
-        messages = chat_messages(body, _text_of)
+        messages = chat_messages(body)
         check_reply_size([0], body.n, max_tokens, logprobs, max_model_len)
     return messages, sampling_params_from(body, max_tokens, logprobs), tool_plan(body)
 
@@ -178,20 +181,6 @@ def _param_of_engine_error(message: str, params) -> str | None:
     return "n" if message.startswith(("n=", "beam_width=")) else None
 
 
-def _check_model(requested: str | None, served: str) -> None:
-    if requested is not None and requested != served:
-        raise APIError(404, f"The model `{requested}` does not exist. This server serves `{served}`.",
-                       param="model", code="model_not_found")
-
-
-def _text_of(content: str | list[ContentPart]) -> str:
-    if isinstance(content, str):
-        return content
-    if any(part.type != "text" or part.text is None for part in content):
-        raise APIError(400, "messages: only text content parts are supported", param="messages")
-    return "\n".join(part.text for part in content)
-
-
 class _ClientGone(Exception):
     """The client hung up before its reply began: nobody is left to send a response to."""
 
@@ -201,14 +190,15 @@ async def _generate(llm: AsyncLLM, work: FairQueue, request: Request, body, prom
     """Run one request (one or more prompts): its whole reply as JSON, or its stream once every
     prompt has its first output. `plan`: a chat's tools (a completion's is None)."""
     chat = isinstance(body, ChatBody)
-    request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-    head = {"id": request_id, "created": int(time.time()), "model": model_name}
+    request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex  # the engine's: never a client's choice
+    head = {"id": request_id if body.request_id is None else ("chatcmpl-" if chat else "cmpl-") + body.request_id,
+            "created": int(time.time()), "model": model_name}
     echo = not chat and body.echo
     tenant = request.state.tenant
     params = replace(params, cache_salt=tenant.cache_salt(body.cache_salt))
     outputs = fan_out(llm, prompts, params, request_id, stream=body.stream, echo_only=echo and body.max_tokens == 0,
                       tenant=tenant.name, priority=body.priority)
-    render = _Render(llm.tokenizer, chat, params.logprobs, echo, plan)
+    render = _Render(llm.tokenizer, chat, params.logprobs, echo, plan, body.return_tokens_as_token_ids)
     try:
         if not body.stream:
             collected = await unless_disconnected(request, _whole_reply(outputs))

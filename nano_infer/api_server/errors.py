@@ -35,6 +35,13 @@ async def _api_error(request, exc: APIError):
     return exc.response()
 
 
+def check_model(requested: str | None, served: str) -> None:
+    """A body's `model`, if it names one, must be the served model's name (404 otherwise, as OpenAI answers)."""
+    if requested is not None and requested != served:
+        raise APIError(404, f"The model `{requested}` does not exist. This server serves `{served}`.",
+                       param="model", code="model_not_found")
+
+
 def invalid_field(err: dict) -> APIError:
     """The 400 for one of pydantic's errors, naming the field (its `loc` starts inside the body)."""
     loc = [str(x) for x in err["loc"]]

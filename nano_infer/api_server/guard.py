@@ -36,6 +36,7 @@ from .tenants import Tenants
 
 log = logging.getLogger("nano_infer.api_server")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+TENANT_PATHS = ("/v1/", "/tokenize", "/detokenize")  # a tenant's work: the API key, its share, its pace
 _HOST = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[^:\[\]/@\s]+))(?::\d{1,5})?")
 
 
@@ -88,7 +89,7 @@ class _Guard:
         headers = dict(scope["headers"])
         try:
             self._check_head(headers)
-            if not scope["path"].startswith("/v1/"):
+            if not scope["path"].startswith(TENANT_PATHS):
                 return await self.app(scope, self._limited(receive), send)
             name = self.tenants.identify(scope["headers"], scope.get("client"))
             started = []  # its response has begun

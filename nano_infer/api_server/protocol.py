@@ -15,7 +15,7 @@ How a body becomes SamplingParams is api_server/sampling.py.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -36,6 +36,7 @@ MAX_TOOLS = 128  # tools of one request (OpenAI's limit), tool calls of one mess
 MAX_LIST = 2**21  # token ids of one prompt (a 4 MiB body holds fewer), or any other list's items
 MAX_CHOICE_OPTIONS = 16_384  # guided_choice strings (their text is bounded by ConstraintLimits too)
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+MAX_REQUEST_ID = 256  # characters of a client's request_id
 
 
 def Capped(item, max_length: int):
@@ -160,6 +161,12 @@ class _GenerateBody(_Body):
     # defined by vLLM, not implemented: accepted only with the neutral value (sampling.NEUTRAL)
     guided_whitespace_pattern: StrictStr | None = None
     guided_grammar: StrictStr | None = None
+    spaces_between_special_tokens: StrictBool | None = None
+    truncate_prompt_tokens: StrictInt | None = None
+    # vLLM's: the response's id (after "cmpl-" / "chatcmpl-"); the engine's own ids stay the server's
+    request_id: Annotated[StrictStr, Field(min_length=1, max_length=MAX_REQUEST_ID)] | None = None
+    # vLLM's: logprobs' tokens as "token_id:<id>", for tokens that are no text of their own
+    return_tokens_as_token_ids: StrictBool = False
 
 
 class CompletionBody(_GenerateBody):
@@ -171,6 +178,7 @@ class CompletionBody(_GenerateBody):
     echo: StrictBool = False
     best_of: StrictInt | None = Field(None, ge=1)
     suffix: StrictStr | None = None
+    add_special_tokens: StrictBool | None = None  # vLLM's (True here: a completion's prompt gets the tokenizer's)
 
 
 class ContentPart(_Body):
@@ -192,11 +200,12 @@ class ToolCall(_Body):
 
 
 class Message(_Body):
-    """No `name`: the chat templates nano_infer serves do not render it, so it would change nothing.
-    `content` may be left out (null) only by an assistant message that carries `tool_calls`."""
+    """`content` may be left out (null) only by an assistant message that carries `tool_calls`. `name` goes to
+    the chat template as it is (a template that renders it, renders it)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | Capped(ContentPart, MAX_MESSAGES) | None = None
+    name: StrictStr | None = None
     tool_calls: Capped(ToolCall, MAX_TOOLS) | None = None
     tool_call_id: StrictStr | None = None  # a role "tool" message: which call this is the result of
 
@@ -230,6 +239,16 @@ class ChatBody(_GenerateBody):
     tools: Capped(Tool, MAX_TOOLS) | None = None  # tools.py: how they are rendered, constrained and parsed
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None  # IGNORED: one call per reply at most is what is parsed
+    # vLLM's chat template controls: the generation prompt, or the last (assistant) message left open to continue,
+    # and keyword arguments for the template (Qwen3's enable_thinking)
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[StrictStr, Any] | None = None
+    # vLLM's, not implemented: accepted only with the neutral value (sampling.NEUTRAL)
+    echo: StrictBool | None = None
+    chat_template: StrictStr | None = None
+    documents: list | None = None
+    add_special_tokens: StrictBool | None = None
 
 
 def completion_prompts(body: CompletionBody) -> list[str | list[int]]:

@@ -50,8 +50,10 @@ class _Render:
     """Outputs as OpenAI choices: a chat message or a completion text, with logprobs when asked
     and the prompt in front of the text with `echo`. Keeps per-sample state across chunks."""
 
-    def __init__(self, tokenizer, chat: bool, logprobs: int | None, echo: bool = False, tools: ToolPlan | None = None):
+    def __init__(self, tokenizer, chat: bool, logprobs: int | None, echo: bool = False, tools: ToolPlan | None = None,
+                 tokens_as_ids: bool = False):
         self.tokenizer, self.chat, self.logprobs, self.echo = tokenizer, chat, logprobs, echo
+        self.tokens_as_ids = tokens_as_ids  # vLLM's return_tokens_as_token_ids: logprobs' tokens as "token_id:<id>"
         self.tools = tools if tools is not None and tools.choice != "none" else None
         self.started: set[int] = set()
         self.offsets: dict[int, int] = {}  # characters of text sent per sample (completions' text_offset)
@@ -101,7 +103,7 @@ class _Render:
         else:
             table = token_bytes_table(self.tokenizer)[0]
             data = table[token_id] if token_id < len(table) else b""
-        return data.decode("utf-8", errors="backslashreplace"), data
+        return f"token_id:{token_id}" if self.tokens_as_ids else data.decode("utf-8", errors="backslashreplace"), data
 
     def _prompt_text(self, out) -> str:
         return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)

@@ -17,7 +17,12 @@ from ..sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 # Fields OpenAI or vLLM define that nano_infer does not implement, with the values that change nothing.
-NEUTRAL = {"suffix": ("",), "guided_whitespace_pattern": (), "guided_grammar": ()}
+NEUTRAL = {"suffix": ("",), "guided_whitespace_pattern": (), "guided_grammar": (), "spaces_between_special_tokens": (True,),
+           "truncate_prompt_tokens": ()}
+# ... on one route only: a chat's `echo` (vLLM's: the reply prefixed with the last message) and its
+# `add_special_tokens` (the template writes them), a completion's `add_special_tokens` (the tokenizer's are added)
+NEUTRAL_ON = {ChatBody: {"echo": (False,), "chat_template": (), "documents": (), "add_special_tokens": (False,)},
+              CompletionBody: {"add_special_tokens": (True,)}}
 # Fields that change no output of this server: accepted and logged (vLLM's behaviour); parallel_tool_calls only
 # without tools
 IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "user")
@@ -28,7 +33,7 @@ LOGITS_RULES = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_p
 
 def check_unsupported(body) -> None:
     """Fields nano_infer does not implement are refused unless neutral (400 naming the field)."""
-    for name, neutral in NEUTRAL.items():
+    for name, neutral in {**NEUTRAL, **NEUTRAL_ON.get(type(body), {})}.items():
         value = getattr(body, name, None)
         if value is not None and value not in neutral:
             raise ProtocolError(f"{name}={_short(value)} is not supported by this server; leave it out"

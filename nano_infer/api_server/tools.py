@@ -22,10 +22,13 @@ sent whole in the chunk that ends the choice (text before an auto call streams a
 """
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import uuid
 from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
 
 from ..text.chat_template import Chat
 from .errors import APIError
@@ -35,6 +38,10 @@ TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 OPEN = "<tool_call>"
 NO_ARGUMENTS = {"type": "object", "properties": {}}
 TEMPLATE_VALUES = 65_536  # JSON values a chat's tools and tool calls' arguments may carry into the chat template
+# apply_chat_template's own arguments (tokenize, return_dict, chat_template, ...) and the conversation's parts:
+# chat_template_kwargs only add variables for the template to read
+RENDERER_ARGUMENTS = set(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) | {
+    "messages", "conversation", "tools", "documents", "allow_special_tokens"}
 
 
 @dataclass
@@ -110,7 +117,16 @@ def tool_plan(body) -> ToolPlan | None:
     return ToolPlan("named", tools, choice.function.name, parallel)
 
 
-def chat_messages(body, text_of) -> list[dict]:
+def text_of(content: str | list) -> str:
+    """A message's content as text: a string, or text parts joined by newlines (no other part is served)."""
+    if isinstance(content, str):
+        return content
+    if any(part.type != "text" or part.text is None for part in content):
+        raise APIError(400, "messages: only text content parts are supported", param="messages")
+    return "\n".join(part.text for part in content)
+
+
+def chat_messages(body) -> list[dict]:
     """The conversation for the chat template: tool calls with their arguments as objects, tool results
     with their call id, and the tools themselves when there are any (a `Chat`). The template's caller
     walks every JSON value of the tools and the arguments (then the template dumps them), so together they
@@ -133,8 +149,29 @@ def chat_messages(body, text_of) -> list[dict]:
                                               "function": {"name": c.function.name, "arguments": arguments}})
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            message["name"] = m.name
         messages.append(message)
-    return Chat(messages, tools=tools) if tools and body.tool_choice != "none" else messages
+    return Chat(messages, **_template_kwargs(body, messages, tools))
+
+
+def _template_kwargs(body, messages: list[dict], tools: list[dict]) -> dict:
+    """What the chat template is rendered with: the tools, vLLM's add_generation_prompt / continue_final_message,
+    and the client's chat_template_kwargs (variables the template reads, never the renderer's own arguments)."""
+    kwargs = dict(body.chat_template_kwargs or {})
+    own = sorted(set(kwargs) & RENDERER_ARGUMENTS)
+    if own:
+        raise APIError(400, f"chat_template_kwargs: {own[0]!r} is the renderer's, not a template variable",
+                       param="chat_template_kwargs")
+    if body.continue_final_message and (body.add_generation_prompt or messages[-1]["role"] != "assistant"):
+        raise APIError(400, "continue_final_message continues the last message, an assistant's: send it with "
+                            "add_generation_prompt: false", param="continue_final_message")
+    kwargs["add_generation_prompt"] = body.add_generation_prompt
+    if body.continue_final_message:
+        kwargs["continue_final_message"] = True
+    if tools and body.tool_choice != "none":
+        kwargs["tools"] = tools
+    return kwargs
 
 
 def _arguments(text: str, budget: int):

@@ -13,30 +13,25 @@ it, and everything else talks to that thread through two one-way channels:
     generate() --- inbox.put(AddRequest(...)) --->  takes the inbox between steps: add / abort
     await stream.take() <-- call_soon_threadsafe -- step() -> RequestOutput per request
 
-The inbox is a `queue.Queue`, made for threads: a lock inside, and a blocking `get` that lets an
-idle engine thread sleep until work arrives; each message in it is a dataclass that says what it
-carries (inbox.py). The way back is a one-item mailbox per request (`Stream`), and the engine thread
-never touches it directly. It belongs to one event loop, and asyncio objects are not thread-safe: a
-future resolved from another thread schedules its waiter with `loop.call_soon`, which appends to the
-loop's ready list without waking the loop. A loop asleep in `select()` (idle, which is exactly when
-a client sits waiting for its next token) keeps sleeping, so the client hangs until something
-unrelated happens to wake the loop: a deadlock with no lock in sight.
-`loop.call_soon_threadsafe(stream.offer, item)` instead hands the call to the loop and writes a byte
-to the loop's self-pipe, which wakes `select()`; the offer then runs on the loop's own thread. The
-mailbox keeps only the newest output: outputs are cumulative, so a client that stops reading holds
-one output, never a queue of them (which would grow with the square of its tokens).
+The inbox is a `queue.Queue`, made for threads: a lock inside, and a blocking `get` that lets an idle
+engine thread sleep until work arrives; each message is a dataclass saying what it carries (inbox.py).
+The way back is a one-item mailbox per request (`Stream`) that the engine thread never touches: it
+belongs to one event loop, and asyncio objects are not thread-safe. A future resolved from another
+thread schedules its waiter with `loop.call_soon`, which does not wake a loop asleep in `select()`
+(idle: exactly when a client waits for its next token), so the client hangs: a deadlock with no lock
+in sight. `loop.call_soon_threadsafe(stream.offer, item)` writes a byte to the loop's self-pipe, which
+wakes it; the offer then runs on the loop's own thread. The mailbox keeps only the newest output
+(outputs are cumulative): a client that stops reading holds one output, not a queue of them.
 
 Requests wait for the engine in `Admission`, per tenant, and join it by turns within shares (seats,
 prompt tokens, logprobs), so one tenant's flood pushes another's first token back a step or two at most.
 
-Nothing slow in a request's preparation runs on the engine thread, where it would pause every
-stream. Tokenizing (a prompt, a chat template) runs on a tokenizer thread of its own, queued per
-tenant and served in turn (FairQueue), after cheap counts on the caller's side (characters, messages,
-token ids) have refused any prompt too long to fit the model.
-Compiling a constrained request's regex or JSON Schema into a token index can take seconds or,
-for a hostile schema, forever: it runs in worker processes that are killed past a time limit
-or when the client leaves (`constrained.compile_pool`). The engine thread receives token ids
-and a compiled index, and only queues the request.
+Nothing slow in a request's preparation runs on the engine thread, where it would pause every stream.
+Tokenizing (a prompt, a chat template) runs on a tokenizer thread of its own, queued per tenant and
+served in turn (FairQueue), after cheap counts (characters, messages, token ids) have refused any prompt
+too long for the model. Compiling a regex or JSON Schema into a token index can take seconds or, for a
+hostile schema, forever: worker processes do it, killed past a time limit or when the client leaves
+(`constrained.compile_pool`). The engine thread receives token ids and a compiled index.
 """
 from __future__ import annotations
 
@@ -125,8 +120,7 @@ class AsyncLLM:
         if failure is not None:
             raise EngineUnavailable(f"the engine cannot serve: {failure}")
         params = params or SamplingParams()
-        check_prompt_size(self.engine, prompt)  # counted here, before the prompt queues for the tokenizer
-        token_ids = await self._tokenizer_thread.run(tenant, self._prompt_ids, prompt)
+        token_ids = await self.encode(prompt, tenant)
         index = await self._constraint_index(params, tenant=tenant) if params.constrained else None
         s = Stream(request_id or uuid.uuid4().hex, asyncio.get_running_loop())
         self._send(AddRequest(s, tenant, priority, prompt if isinstance(prompt, str) else None, token_ids, params,
@@ -146,6 +140,12 @@ class AsyncLLM:
         finally:
             if not done:
                 self._send(AbortRequest(s))
+
+    async def encode(self, prompt: str | list[int] | list[dict], tenant: str | None = None) -> list[int]:
+        """Token ids of a text or a chat, on the tokenizer thread in the tenant's turn; a prompt too long for the
+        model is refused by counting first (ValueError)."""
+        check_prompt_size(self.engine, prompt)
+        return await self._tokenizer_thread.run(tenant, self._prompt_ids, prompt)
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -162,7 +162,7 @@ def test_tools_and_earlier_calls_reach_the_chat_template(tokenizer):
         {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
             "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], "tools": TOOLS})
-    ids = LLM.apply_chat_template(SimpleNamespace(tokenizer=tok), chat_messages(body, lambda c: c),
+    ids = LLM.apply_chat_template(SimpleNamespace(tokenizer=tok), chat_messages(body),
                                   add_generation_prompt=False)
     text = tok.decode(ids)
     assert "[tool get_weather][tool get_time]" in text and '[call {"city": "Paris"}]' in text and "tool: sunny" in text
