@@ -7,8 +7,8 @@
 POST /v1/completions and /v1/chat/completions answer with one JSON body, or, with
 "stream": true, with server-sent events: one `data: {chunk}` line per new piece of text,
 then `data: [DONE]`. GET /v1/models lists the one model, GET /health says whether the
-engine thread is alive. Errors carry OpenAI's body, {"error": {"message", "type", "param",
-"code"}}, so clients raise their usual exceptions.
+engine thread is alive, and vLLM's /tokenize, /detokenize and /version answer too. Errors carry
+OpenAI's body, {"error": {"message", "type", "param", "code"}}, so clients raise their usual exceptions.
 
 One client (tenant: an API key, else an address) cannot hurt another's stream: connections,
 bodies and requests in flight are bounded per client (ServerLimits); a request is validated
@@ -29,6 +29,7 @@ The pieces (a request meets the first five in this order):
     beam.py     a request for beam search (`use_beam_search`) as BeamSearchParams
     fanout.py   the prompts of one request queued together, their outputs merged into one stream
     render.py   engine outputs as OpenAI bodies: a whole reply, or server-sent events
+    tokenizer_routes.py  vLLM's /tokenize, /detokenize and /version
     errors.py   APIError, and every other failure turned into OpenAI's error body
     runner.py   uvicorn around the app: blocking (`nano-infer serve`) or on a thread; stops on a dead engine
     limits.py   ServerLimits: every bound above, with its default
