@@ -37,6 +37,7 @@ from ..models.loader import (default_model, eos_token_ids, load_config, load_mod
 from .cpu_allocator import keep_freed_memory
 from .memory import StepRecorder
 from .model_runner import ModelRunner
+from .cpu_threads import FreeCoreThreads
 from .scheduler import WAITING_PROMPT_SHARE, Scheduler, scored_rows_per_step
 from .tp_worker import worker_runner
 
@@ -166,7 +167,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     for feature in features:
         feature.attach(runner, kv)
     recorder = StepRecorder(kv, scheduler, bytes_per_token) if config.record_steps else None
-    plugins = [p for p in (offloader, *features, recorder, DenseCopies.for_model(model)) if p is not None]
+    threads = FreeCoreThreads.for_cpu() if device.type == "cpu" and tp is None else None
+    plugins = [p for p in (offloader, *features, recorder, DenseCopies.for_model(model), threads) if p is not None]
     if device.type == "cpu":  # what parsing the config and the tokenizer freed
         release_freed_memory()
     return EngineParts(config, device, dtype, dtype_reason, model_dir, gguf_file, model_name,

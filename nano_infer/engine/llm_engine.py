@@ -35,6 +35,7 @@ from ..outputs import RequestMetrics, RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 from ..text.utf8 import check_utf8
 from .build import EngineParts, Feature, build_engine
+from .cpu_threads import FreeCoreThreads
 from .logits_processors import resolve_token_rules
 from .output_processor import OutputProcessor
 from .sequences import new_sequence
@@ -77,6 +78,8 @@ class LLMEngine:
         """One line on what was chosen and why: the dtype, and how many tokens of KV fit."""
         line = f"{parts.display_name}: {str(self.dtype).removeprefix('torch.')} ({parts.dtype_reason}) on {self.device}"
         line += f", {self.model.weights_held}" if self.model.weights_held else ""
+        threads = self.plugin(FreeCoreThreads)
+        line += f", up to {threads.max_threads} threads (as many as cores are free)" if threads else ""
         if self.kv is None:
             return line + ", no KV cache"
         tokens = self.kv.num_blocks * self.kv.block_size

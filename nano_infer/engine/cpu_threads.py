@@ -1,0 +1,66 @@
+"""On a CPU, the engine's intra-op threads follow the cores other processes leave free.
+
+torch runs each op on all its threads and waits for the slowest. When another process holds a core,
+the thread that shares it runs a fraction of the time and every op waits for it, so a step on every
+core can take longer than a step on the cores left. Between steps, at most every CHECK_S seconds, this
+plug-in reads how much CPU time the other processes took (/proc/stat's busy time less this process's
+own) and sets torch's threads to the cores left: never more than the threads torch had when the engine
+started (a chapter's cell that pinned one thread keeps one), never fewer than one. Threads of this
+process (a server's tokenizer, its HTTP loop) are its own load, not another's. Linux only; with
+tensor-parallel workers (processes of its own) the engine keeps torch's setting.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..core.plugin import EnginePlugin, StepContext
+
+CHECK_S = 1.0  # how often the free cores are counted: a step is milliseconds, another process's load lasts longer
+STAT = Path("/proc/stat")
+# a core counts as taken when other processes used more than this share of it over the last interval
+TAKEN = 0.5
+
+
+def busy_seconds() -> float:
+    """CPU seconds every process has spent busy since boot (all cores): /proc/stat's first line."""
+    fields = STAT.read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class FreeCoreThreads(EnginePlugin):
+    def __init__(self, max_threads: int, cores: int):
+        self.max_threads, self.cores = max_threads, cores
+        self.threads = max_threads
+        self.changes = 0  # how often the count changed (a test reads it)
+        self._last = self._sample()
+
+    @classmethod
+    def for_cpu(cls) -> "FreeCoreThreads | None":
+        """The plug-in, when there is a /proc/stat to read and more than one thread to share out."""
+        if not STAT.exists() or torch.get_num_threads() < 2:
+            return None
+        return cls(torch.get_num_threads(), os.cpu_count() or 1)
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float]:
+        return time.monotonic(), busy_seconds(), time.process_time()
+
+    def adjust(self, step: StepContext) -> None:
+        if time.monotonic() - self._last[0] >= CHECK_S:
+            self.update(self._sample())
+
+    def update(self, now: tuple[float, float, float]) -> None:
+        """Set the threads from the other processes' CPU use between the last sample and `now`."""
+        (wall0, busy0, own0), (wall1, busy1, own1) = self._last, now
+        self._last = now
+        others = max(0.0, (busy1 - busy0) - (own1 - own0)) / max(wall1 - wall0, 1e-9)  # cores' worth
+        taken = int(others + (1 - TAKEN))  # cores the others hold more than TAKEN of
+        threads = max(1, min(self.max_threads, self.cores - taken))
+        if threads != self.threads:
+            self.threads, self.changes = threads, self.changes + 1
+            torch.set_num_threads(threads)

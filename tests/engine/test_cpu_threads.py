@@ -1,0 +1,69 @@
+"""The engine's CPU threads follow the cores other processes leave free (engine/cpu_threads.py)."""
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nano_infer.engine.cpu_threads import STAT, FreeCoreThreads
+
+
+@pytest.fixture
+def torch_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_threads_are_the_cores_other_processes_leave(torch_threads):
+    """Samples of (wall, every process's busy CPU seconds, this process's): the others' share decides."""
+    policy = FreeCoreThreads(max_threads=4, cores=4)
+    policy._last = (0.0, 0.0, 0.0)
+    steps = [((1.0, 2.0, 1.0), 3),  # the others took one core's worth: three left
+             ((2.0, 4.6, 2.0), 2),  # 2.6 busy less 1.0 of ours: 1.6 cores, two taken
+             ((3.0, 6.0, 3.0), 4),  # 0.4 of a core: none taken
+             ((4.0, 7.9, 3.5), 3)]  # 1.9 less 0.5: 1.4 cores, one taken
+    for sample, threads in steps:
+        policy.update(sample)
+        assert policy.threads == threads == torch.get_num_threads(), (sample, policy.threads)
+    assert policy.changes == 4
+
+
+def test_never_more_than_torch_had_nor_fewer_than_one(torch_threads):
+    policy = FreeCoreThreads(max_threads=1, cores=4)
+    policy._last = (0.0, 0.0, 0.0)
+    policy.update((1.0, 0.0, 0.0))  # nothing else runs: still the one thread a chapter pinned
+    assert policy.threads == 1 and policy.changes == 0
+    policy = FreeCoreThreads(max_threads=4, cores=4)
+    policy._last = (0.0, 0.0, 0.0)
+    policy.update((1.0, 10.0, 0.0))  # the others hold every core: one thread still
+    assert policy.threads == 1 == torch.get_num_threads()
+
+
+@pytest.mark.skipif(not STAT.exists(), reason="reads Linux's /proc/stat")
+def test_a_process_spinning_beside_the_engine_takes_a_thread(torch_threads):
+    """A real process busy on one core, read from /proc/stat: cores - 1 threads are left (at least one)."""
+    torch.set_num_threads(2)
+    policy = FreeCoreThreads.for_cpu()
+    assert policy is not None and policy.max_threads == 2
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        policy._last = policy._sample()
+        time.sleep(1.0)
+        policy.update(policy._sample())
+    finally:
+        spinner.kill()
+    assert policy.threads == max(1, min(2, policy.cores - 1)), policy.threads
+
+
+def test_the_engine_on_a_cpu_has_the_plug_in_and_says_so(qwen2_dir, torch_threads):
+    from nano_infer import LLM
+
+    torch.set_num_threads(2)
+    llm = LLM(str(qwen2_dir), dtype="float32")
+    assert llm.engine.plugin(FreeCoreThreads).max_threads == 2
+    assert "up to 2 threads (as many as cores are free)" in llm.engine.startup_line
+    torch.set_num_threads(1)
+    assert LLM(str(qwen2_dir), dtype="float32").engine.plugin(FreeCoreThreads) is None  # one thread: nothing to share
