@@ -3,6 +3,7 @@ import pytest
 
 from nano_infer import LLM, BeamSearchParams, SamplingParams
 from nano_infer.beam import BeamSearcher
+from nano_infer.engine.cpu_threads import FreeCoreThreads
 from nano_infer.engine.memory import StepRecorder
 from nano_infer.core.plugin import Phase, StepContext
 from nano_infer.core.batch import BlockSwap
@@ -17,8 +18,9 @@ def test_plugins_run_in_phase_order_the_tier_before_the_draft_and_the_recorder_l
     llm = LLM(str(TINY_MODEL_DIR), dtype="float32", block_size=4, num_kv_blocks=64, kv_offloading_size=0.01,
               speculative_config=DRAFT, record_steps=True)
     engine = llm.engine
-    assert [type(p) for p in engine.plugins] == [KVOffloader, SpeculativeDecoder, BeamSearcher, StepRecorder]
-    assert [p.phase for p in engine.plugins] == [Phase.MOVE_BLOCKS, Phase.PROPOSE, Phase.OBSERVE, Phase.OBSERVE]
+    threads = [FreeCoreThreads] * (engine.plugin(FreeCoreThreads) is not None)  # on a CPU, with threads to share
+    assert [type(p) for p in engine.plugins] == [KVOffloader, SpeculativeDecoder, BeamSearcher, StepRecorder, *threads]
+    assert [p.phase for p in engine.plugins] == [Phase.MOVE_BLOCKS, Phase.PROPOSE] + [Phase.OBSERVE] * (2 + len(threads))
     assert engine.claimers == [engine.plugin(SpeculativeDecoder), engine.plugin(BeamSearcher)]
     out = llm.generate(["to be, or not to be, to be, or not to be"], SamplingParams(max_tokens=8, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 8 and engine.history
@@ -26,11 +28,14 @@ def test_plugins_run_in_phase_order_the_tier_before_the_draft_and_the_recorder_l
 
 def test_a_plain_engine_has_only_the_beam_searcher_which_keeps_only_live_beam_requests():
     """Features register themselves and the engine builds them from its config: beam search is always on and
-    serves BeamSearchParams; the state it keeps per request goes when the request finishes or is aborted."""
+    serves BeamSearchParams; the state it keeps per request goes when the request finishes or is aborted. (On a
+    CPU with threads to share, the thread policy runs beside it: no feature, nothing it claims.)"""
     llm = LLM(str(TINY_MODEL_DIR), dtype="float32")
     engine = llm.engine
     searcher = engine.plugin(BeamSearcher)
-    assert engine.plugins == engine.claimers == [searcher] and engine.plugin(SpeculativeDecoder) is None
+    threads = [p for p in [engine.plugin(FreeCoreThreads)] if p is not None]
+    assert engine.plugins == [searcher, *threads] and engine.claimers == [searcher]
+    assert engine.plugin(SpeculativeDecoder) is None
     assert engine.serving == {BeamSearchParams: searcher}
     llm.generate(["Hello"], SamplingParams(max_tokens=2))
     assert searcher.searches == {}
