@@ -4,10 +4,10 @@ torch runs each op on all its threads and waits for the slowest. When another pr
 the thread that shares it runs a fraction of the time and every op waits for it, so a step on every
 core can take longer than a step on the cores left. Between steps, at most every CHECK_S seconds, this
 plug-in reads how much CPU time the other processes took (/proc/stat's busy time less this process's
-own) and sets torch's threads to the cores left: never more than the threads torch had when the engine
-started (a chapter's cell that pinned one thread keeps one), never fewer than one. Threads of this
-process (a server's tokenizer, its HTTP loop) are its own load, not another's. Linux only; with
-tensor-parallel workers (processes of its own) the engine keeps torch's setting.
+own) and sets torch's threads to the cores left: never more than torch had when the engine started or
+was last set to by anyone else (a chapter's cell that pins one thread keeps one), never fewer than one.
+Threads of this process (a server's tokenizer, its HTTP loop) are its own load, not another's. Linux
+only; with tensor-parallel workers (processes of its own) the engine keeps torch's setting.
 """
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ class FreeCoreThreads(EnginePlugin):
         """Set the threads from the other processes' CPU use between the last sample and `now`."""
         (wall0, busy0, own0), (wall1, busy1, own1) = self._last, now
         self._last = now
+        if torch.get_num_threads() != self.threads:  # set by someone else since (a cell pinning one): it caps ours
+            self.max_threads = self.threads = torch.get_num_threads()
         others = max(0.0, (busy1 - busy0) - (own1 - own0)) / max(wall1 - wall0, 1e-9)  # cores' worth
         taken = int(others + (1 - TAKEN))  # cores the others hold more than TAKEN of
         threads = max(1, min(self.max_threads, self.cores - taken))

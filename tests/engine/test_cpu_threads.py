@@ -18,6 +18,7 @@ def torch_threads():
 
 def test_threads_are_the_cores_other_processes_leave(torch_threads):
     """Samples of (wall, every process's busy CPU seconds, this process's): the others' share decides."""
+    torch.set_num_threads(4)
     policy = FreeCoreThreads(max_threads=4, cores=4)
     policy._last = (0.0, 0.0, 0.0)
     steps = [((1.0, 2.0, 1.0), 3),  # the others took one core's worth: three left
@@ -31,10 +32,12 @@ def test_threads_are_the_cores_other_processes_leave(torch_threads):
 
 
 def test_never_more_than_torch_had_nor_fewer_than_one(torch_threads):
+    torch.set_num_threads(1)
     policy = FreeCoreThreads(max_threads=1, cores=4)
     policy._last = (0.0, 0.0, 0.0)
     policy.update((1.0, 0.0, 0.0))  # nothing else runs: still the one thread a chapter pinned
     assert policy.threads == 1 and policy.changes == 0
+    torch.set_num_threads(4)
     policy = FreeCoreThreads(max_threads=4, cores=4)
     policy._last = (0.0, 0.0, 0.0)
     policy.update((1.0, 10.0, 0.0))  # the others hold every core: one thread still
@@ -67,3 +70,13 @@ def test_the_engine_on_a_cpu_has_the_plug_in_and_says_so(qwen2_dir, torch_thread
     assert "up to 2 threads (as many as cores are free)" in llm.engine.startup_line
     torch.set_num_threads(1)
     assert LLM(str(qwen2_dir), dtype="float32").engine.plugin(FreeCoreThreads) is None  # one thread: nothing to share
+
+
+def test_threads_pinned_after_the_engine_started_stay_pinned(torch_threads):
+    """A cell that pins one thread for its timings, after the engine was made: the policy never raises it."""
+    torch.set_num_threads(2)
+    policy = FreeCoreThreads(max_threads=2, cores=2)
+    policy._last = (0.0, 0.0, 0.0)
+    torch.set_num_threads(1)
+    policy.update((1.0, 0.0, 0.0))  # nothing else runs
+    assert policy.threads == policy.max_threads == 1 == torch.get_num_threads()
