@@ -146,7 +146,8 @@ def _completion_request(body: CompletionBody, model_name: str, max_model_len: in
     return prompts, sampling_params_from(body, max_tokens, body.logprobs, body.logprobs if body.echo else None)
 
 
-def _chat_request(body: ChatBody, model_name: str, max_model_len: int) -> tuple[list[dict], SamplingParams, ToolPlan | None]:
+def _chat_request(body: ChatBody, model_name: str,
+                  max_model_len: int) -> tuple[list[dict], SamplingParams, ToolPlan | None]:
     """The messages, for the chat template, the sampling parameters and the tool plan of a /v1/chat/completions body."""
     check_model(body.model, model_name)
     if body.top_logprobs is not None and not body.logprobs:

@@ -29,7 +29,8 @@ class BodyParser:
     def __init__(self, limits: ServerLimits, work: FairQueue):
         self.limits, self.work = limits, work
 
-    async def parse(self, request: Request, model: type[BaseModel], build: Callable[[BaseModel], T]) -> tuple[BaseModel, T]:
+    async def parse(self, request: Request, model: type[BaseModel],
+                    build: Callable[[BaseModel], T]) -> tuple[BaseModel, T]:
         """The body as `model`, and `build(body)`: what the route makes of it (its prompts, its sampling
         parameters), in the same worker turn. Building reads JSON carried inside fields (a schema as a
         string, tool calls' arguments) and dumps the tools for the template: work a client sizes, kept
@@ -40,7 +41,8 @@ class BodyParser:
         except TenantBacklogFull as e:
             raise APIError(429, str(e), "rate_limit_error", headers={"Retry-After": "1"}) from None
 
-    def _parse_and_build(self, raw: bytes, model: type[BaseModel], build: Callable[[BaseModel], T]) -> tuple[BaseModel, T]:
+    def _parse_and_build(self, raw: bytes, model: type[BaseModel],
+                         build: Callable[[BaseModel], T]) -> tuple[BaseModel, T]:
         body = self._parse(raw, model)
         return body, build(body)
 

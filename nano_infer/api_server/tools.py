@@ -129,9 +129,8 @@ def text_of(content: str | list) -> str:
 def chat_messages(body) -> list[dict]:
     """The conversation for the chat template: tool calls with their arguments as objects, tool results
     with their call id, and the tools themselves when there are any (a `Chat`). The template's caller
-    walks every JSON value of the tools and the arguments (then the template dumps them), so together they
-    may hold at most TEMPLATE_VALUES: a tool call of 400,000 numbers held the tokenizer thread, and the GIL,
-    for as long as a hundred other tenants' prompts."""
+    walks every JSON value of the tools and the arguments (then the template dumps them), in Python, holding the
+    tokenizer thread and the GIL: together they may hold at most TEMPLATE_VALUES."""
     tools = [t.model_dump(exclude_none=True) for t in body.tools or ()]
     budget = TEMPLATE_VALUES - json_values(tools, "tools", max_values=TEMPLATE_VALUES)
     messages = []

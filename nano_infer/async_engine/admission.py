@@ -10,15 +10,15 @@ is scheduled within a step or two of arriving instead of after a flood's streams
 price is that a tenant alone fills at most half the batch.
 
 Seats alone do not bound a tenant's prompts: the scheduler gives each step's token budget to the
-prefills already running first, and 42 seats of 480-token prompts are 40 steps of a 512-token budget
-that a newcomer's short prompt waits behind. So a tenant's admitted prompt tokens not yet computed stay
+prefills already running first, and a few dozen seats of long prompts are dozens of steps that a
+newcomer's short prompt waits behind. So a tenant's admitted prompt tokens not yet computed stay
 within `prefill_share` (one step's budget; always at least one request): its next prompt joins the
 engine when the last one's prefill is done, and a flood of long prompts delays another tenant's first
 token by a step or two. A tenant alone loses nothing by it: a step computes no more than its budget.
 
 Logprobs are the engine's memory a client sizes: a request keeps every sampled token's `logprobs` + 1
-entries (and its scored prompt's) until it ends, and 64 streams of 4 samples x 1,500 tokens with 20
-logprobs each held the best part of a gigabyte. So a tenant's admitted requests may hold at most
+entries (and its scored prompt's) until it ends, so streams with logprobs that nobody reads (each held
+until the send timeout) hold memory in proportion to their count. So a tenant's admitted requests may hold at most
 `logprob_share` entries between them (counted at the most each can hold; at least one request), and
 the rest wait here, where they hold nothing. Requests without logprobs count nothing.
 
