@@ -201,11 +201,12 @@ class ToolCall(_Body):
 
 class Message(_Body):
     """`content` may be left out (null) only by an assistant message that carries `tool_calls`. `name` goes to
-    the chat template as it is (a template that renders it, renders it)."""
+    the chat template as it is (a template that renders it, renders it), so it is held to OpenAI's rule for it:
+    no text of a control token can hide in it (only a message's content is kept as text, chat_template.py)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | Capped(ContentPart, MAX_MESSAGES) | None = None
-    name: StrictStr | None = None
+    name: Annotated[StrictStr, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")] | None = None
     tool_calls: Capped(ToolCall, MAX_TOOLS) | None = None
     tool_call_id: StrictStr | None = None  # a role "tool" message: which call this is the result of
 
