@@ -118,10 +118,13 @@ class Scheduler:
         waiting request has a seat to take, else all of it."""
         if self.prompt_share >= 1 or not self.waiting or self.mode != "continuous" or not self.chunked_prefill:
             return self.max_num_batched_tokens
-        seats = len(self.running) + sum(s.num_pending_forks for s in self.running)
-        if seats + 1 + self.waiting[0].num_pending_forks > self.max_num_seqs:
+        if self._seats_taken() + 1 + self.waiting[0].num_pending_forks > self.max_num_seqs:
             return self.max_num_batched_tokens
         return max(1, int(self.max_num_batched_tokens * self.prompt_share))
+
+    def _seats_taken(self) -> int:
+        """A seat for every running sequence and for each sample it will still fork off (n > 1)."""
+        return len(self.running) + sum(s.num_pending_forks for s in self.running)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int, prompt_room: int) -> int:
         # an idle sequence computes nothing: a beam whose next token waits for its siblings' rows (beam search)
@@ -156,8 +159,7 @@ class Scheduler:
         if self.policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
             # stable sort: ties keep arrival order
             self.waiting = deque(sorted(self.waiting, key=lambda s: -self.kv.match_len(s.token_ids, s.params.cache_salt)))
-        # a seat for every running sequence and for each sample it will still fork off (n > 1)
-        seats = len(self.running) + sum(s.num_pending_forks for s in self.running)
+        seats = self._seats_taken()
         scoring = []  # prompts to score with no rows left this step: the requests behind them go first
         while self.waiting and budget > 0:
             seq = self.waiting[0]
