@@ -232,19 +232,27 @@ class NamedToolChoice(_Body):
     function: NamedFunction
 
 
-class ChatBody(_GenerateBody):
-    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES, fail_fast=True)]
-    max_completion_tokens: StrictInt | None = Field(None, ge=1)  # the newer name for max_tokens
-    logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+Messages = Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES, fail_fast=True)]
+
+
+class ChatTemplateFields(_Body):
+    """What the chat template renders besides the messages (tools.chat_messages): a chat's, and /tokenize's."""
+
     tools: Capped(Tool, MAX_TOOLS) | None = None  # tools.py: how they are rendered, constrained and parsed
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: StrictBool | None = None  # IGNORED: one call per reply at most is what is parsed
     # vLLM's chat template controls: the generation prompt, or the last (assistant) message left open to continue,
     # and keyword arguments for the template (Qwen3's enable_thinking)
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[StrictStr, Any] | None = None
+
+
+class ChatBody(_GenerateBody, ChatTemplateFields):
+    messages: Messages
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)  # the newer name for max_tokens
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    parallel_tool_calls: StrictBool | None = None  # IGNORED: one call per reply at most is what is parsed
     # vLLM's, not implemented: accepted only with the neutral value (sampling.NEUTRAL)
     echo: StrictBool | None = None
     chat_template: StrictStr | None = None

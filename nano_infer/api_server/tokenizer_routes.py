@@ -10,28 +10,22 @@ prompts go through the tokenizer thread in its turn, and token ids are decoded o
 from __future__ import annotations
 
 from importlib.metadata import version as package_version
-from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
-from pydantic import Field, StrictBool, StrictInt, StrictStr
+from pydantic import StrictBool, StrictInt, StrictStr
 
 from ..async_engine.async_llm import AsyncLLM
 from ..async_engine.fair_queue import FairQueue, TenantBacklogFull
 from .body import BodyParser
 from .errors import APIError, check_model
-from .protocol import MAX_LIST, MAX_MESSAGES, MAX_TOOLS, Capped, Message, NamedToolChoice, ProtocolError, Tool, _Body
+from .protocol import MAX_LIST, Capped, ChatTemplateFields, Messages, ProtocolError, _Body
 from .tools import chat_messages
 
 
-class TokenizeBody(_Body):
+class TokenizeBody(ChatTemplateFields):
     model: StrictStr | None = None
     prompt: StrictStr | None = None
-    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES, fail_fast=True)] | None = None
-    tools: Capped(Tool, MAX_TOOLS) | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    add_generation_prompt: StrictBool = True
-    continue_final_message: StrictBool = False
-    chat_template_kwargs: dict[StrictStr, Any] | None = None
+    messages: Messages | None = None
     add_special_tokens: StrictBool | None = None  # the prompt's are the tokenizer's, a chat's the template's
     return_token_strs: StrictBool = False
 
