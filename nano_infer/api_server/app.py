@@ -29,7 +29,7 @@ from ..async_engine.async_llm import AsyncLLM, EngineUnavailable
 from ..beam import BeamSearchParams
 from .beam import beam_search_params
 from ..constrained.compile_pool import CompilePoolBusy, TenantCompilesBusy
-from ..async_engine.fair_queue import FairQueue, TenantBacklogFull
+from ..async_engine.fair_queue import FairQueue
 from ..async_engine.metrics import EngineMetrics
 from .protocol import (ChatBody, CompletionBody, ProtocolError, check_reply_size, completion_prompts,
                         max_prompt_tokens)
@@ -208,7 +208,7 @@ async def _generate(llm: AsyncLLM, work: FairQueue, request: Request, body, prom
         first = await unless_disconnected(request, anext(outputs))  # bad input raises here, before the 200
     except ValueError as e:
         raise APIError(400, str(e), param=_param_of_engine_error(str(e), params)) from e
-    except (TenantCompilesBusy, TenantBacklogFull) as e:
+    except TenantCompilesBusy as e:
         raise APIError(429, str(e), "rate_limit_error", headers={"Retry-After": "1"}) from e
     except (CompilePoolBusy, EngineUnavailable) as e:
         raise APIError(503, str(e), "service_unavailable") from e

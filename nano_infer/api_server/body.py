@@ -18,7 +18,7 @@ from typing import TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from ..async_engine.fair_queue import FairQueue, TenantBacklogFull
+from ..async_engine.fair_queue import FairQueue
 from .errors import APIError, invalid_field
 from .limits import ServerLimits
 
@@ -36,10 +36,7 @@ class BodyParser:
         string, tool calls' arguments) and dumps the tools for the template: work a client sizes, kept
         off the event loop that every other stream's chunks pass through."""
         raw = await request.body()
-        try:
-            return await self.work.run(request.state.tenant.name, self._parse_and_build, raw, model, build)
-        except TenantBacklogFull as e:
-            raise APIError(429, str(e), "rate_limit_error", headers={"Retry-After": "1"}) from None
+        return await self.work.run(request.state.tenant.name, self._parse_and_build, raw, model, build)
 
     def _parse_and_build(self, raw: bytes, model: type[BaseModel],
                          build: Callable[[BaseModel], T]) -> tuple[BaseModel, T]:

@@ -14,6 +14,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from ..async_engine.fair_queue import TenantBacklogFull
+
 log = logging.getLogger("nano_infer.api_server")
 
 
@@ -33,6 +35,11 @@ class APIError(Exception):
 
 async def _api_error(request, exc: APIError):
     return exc.response()
+
+
+async def _backlog_full(request, exc: TenantBacklogFull):
+    """A tenant's queue for the server's workers (parsing, tokenizing, rendering) is full, wherever it was met."""
+    return APIError(429, str(exc), "rate_limit_error", headers={"Retry-After": "1"}).response()
 
 
 def check_model(requested: str | None, served: str) -> None:
@@ -79,4 +86,4 @@ async def _crash(request, exc: Exception):
 
 
 # FastAPI(exception_handlers=...): these replace FastAPI's own handlers for the same exceptions.
-EXCEPTION_HANDLERS = {APIError: _api_error, HTTPException: _http, ClientDisconnect: _hung_up, Exception: _crash}
+EXCEPTION_HANDLERS = {APIError: _api_error, TenantBacklogFull: _backlog_full, HTTPException: _http, ClientDisconnect: _hung_up, Exception: _crash}

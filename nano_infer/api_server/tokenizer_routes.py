@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from pydantic import StrictBool, StrictInt, StrictStr
 
 from ..async_engine.async_llm import AsyncLLM
-from ..async_engine.fair_queue import FairQueue, TenantBacklogFull
+from ..async_engine.fair_queue import FairQueue
 from .body import BodyParser
 from .errors import APIError, check_model
 from .protocol import MAX_LIST, Capped, ChatTemplateFields, Messages, ProtocolError, _Body
@@ -47,8 +47,6 @@ def add_tokenizer_routes(app: FastAPI, llm: AsyncLLM, model_name: str, parser: B
             tokens = await llm.encode(prompt, request.state.tenant.name)
         except ValueError as e:
             raise APIError(400, str(e), param="messages" if body.messages is not None else "prompt") from e
-        except TenantBacklogFull as e:
-            raise APIError(429, str(e), "rate_limit_error", headers={"Retry-After": "1"}) from e
         strs = await work.run(request.state.tenant.name, _token_strs, llm, tokens) if body.return_token_strs else None
         return {"count": len(tokens), "max_model_len": llm.stats.max_model_len, "tokens": tokens, "token_strs": strs}
 

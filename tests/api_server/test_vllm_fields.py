@@ -111,3 +111,20 @@ def test_tokenize_needs_the_api_key(served):
         assert post(keyed, "/tokenize", {"prompt": "x"}, headers={"authorization": "Bearer secret"}).status_code == 200
     finally:
         keyed.stop()
+
+
+def test_a_full_tokenizer_backlog_is_a_429_on_every_route(served, monkeypatch):
+    """The tenant's queue for the tokenizer full, wherever a route meets it: 429 with Retry-After, OpenAI's body."""
+    from nano_infer.async_engine.fair_queue import TenantBacklogFull
+
+    llm, server = served
+
+    async def full(*args, **kwargs):
+        raise TenantBacklogFull("1,024 items of yours are queued")
+
+    monkeypatch.setattr(llm, "encode", full)
+    for path, body in (("/tokenize", {"prompt": "x"}), ("/v1/chat/completions", {"messages": CHAT}),
+                       ("/v1/chat/completions", {"messages": CHAT, "stream": True})):
+        r = post(server, path, body)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1", (path, r.text)
+        assert r.json()["error"]["type"] == "rate_limit_error", r.text
