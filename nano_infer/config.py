@@ -21,6 +21,7 @@ POLICIES = ("fcfs", "lpm")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 OFFLOADING_BACKENDS = ("native",)
 QUANTIZATIONS = (None, "gguf", "none", "int8", "int4")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's names ("fp8" is e4m3), plus int8
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ class EngineConfig:
     kv_cache: str = "paged"
     block_size: int = 16
     num_kv_blocks: int | None = None
+    # how K/V is stored (vLLM's knob): "auto" = the model's dtype; "int8" / "fp8" (= "fp8_e4m3") / "fp8_e5m2" = one
+    # byte a value and a float16 scale per token and KV head (kv/quant.py), so the same bytes hold ~2x the tokens of bf16
+    kv_cache_dtype: str = "auto"
     kv_cache_memory: int | None = None  # bytes for the KV pool
     gpu_memory_utilization: float = 0.85
     prefix_cache: str | None = "auto"  # "auto": radix when the cache is paged
@@ -83,6 +87,10 @@ class EngineConfig:
     def check(self) -> None:
         """Each setting, then the combinations; resolves prefix_cache="auto" and parses speculative_config."""
         _one_of("kv_cache", self.kv_cache, KV_CACHES)
+        _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        if self.kv_cache_dtype != "auto" and self.kv_cache != "paged":
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} quantizes the paged KV pool: it needs "
+                             f"kv_cache='paged' (got kv_cache={self.kv_cache!r}, which keeps K/V in the model's dtype)")
         _one_of("prefix_cache", self.prefix_cache, PREFIX_CACHES)
         _one_of("attention", self.attention, ATTENTIONS)
         _one_of("scheduler", self.scheduler, SCHEDULERS)

@@ -82,8 +82,7 @@ def model_bytes(model) -> int:
 def memory_split(engine) -> dict:
     """Bytes of weights (`model_bytes`) and of the KV pool; on a GPU also what the caching allocator has handed
     out (allocated) and holds from the driver (reserved), so the pool's share of the card shows."""
-    split = dict(weights=model_bytes(engine.model),
-                 kv_pool=engine.kv_pool.tensor.numel() * engine.kv_pool.tensor.element_size())
+    split = dict(weights=model_bytes(engine.model), kv_pool=engine.kv_pool.nbytes)  # values and scales (int8/fp8 KV)
     if engine.device.type == "cuda":
         split.update(allocated=torch.cuda.memory_allocated(engine.device), reserved=torch.cuda.memory_reserved(engine.device),
                      total=torch.cuda.get_device_properties(engine.device).total_memory)

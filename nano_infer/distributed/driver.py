@@ -44,5 +44,6 @@ def start_workers(cfg: EngineConfig, shard: TPShard, launch: Launch | None,
     threads = max(1, torch.get_num_threads() // local_ranks) if device.type == "cpu" else None
     worker = WorkerConfig(build_runner=build_runner, model=model, dtype=dtype, device_type=device.type,
                           max_model_len=max_model_len, num_blocks=num_blocks, num_host_blocks=num_host_blocks,
-                          block_size=block_size, attention=cfg.attention, num_threads=threads)
+                          block_size=block_size, attention=cfg.attention,
+                          kv_cache_dtype=cfg.kv_cache_dtype, num_threads=threads)
     return TPExecutor(shard, worker, cfg.distributed_backend or default_backend(device.type), cfg.distributed_timeout)

@@ -53,6 +53,7 @@ class WorkerConfig:
     num_host_blocks: int  # the rank's own host tier (chapter 12), same block ids as the driver's HostTier; 0: none
     block_size: int
     attention: str
+    kv_cache_dtype: str  # how the rank's pool stores its heads' K/V (each rank quantizes its own, scales included)
     num_threads: int | None  # torch threads per rank on a CPU
 
 

@@ -27,7 +27,8 @@ from ..core.sequence import Sequence
 from ..distributed import TPExecutor, driver_shard, start_workers
 from ..kv.manager import KVManager
 from ..kv.offload import KVOffloader
-from ..kv.paged import KVPool, kv_bytes_per_token
+from ..kv.paged import KVPool
+from ..kv.quant import kv_bytes_per_token
 from ..kv.sizing import make_kv_cache
 from ..models.dense_copies import DenseCopies
 from ..models.llama import CausalLM
@@ -145,8 +146,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     eos = eos_token_ids(model_dir, tokenizer)
     setup = FeatureSetup(config, hf_config, tokenizer, eos, device, dtype, max_model_len)
     features = [f for cls in FEATURES if (f := cls.create(setup)) is not None]
-    bytes_per_token = kv_bytes_per_token(hf_config.num_hidden_layers, model.num_kv_heads, model.head_dim, dtype) + sum(
-        f.kv_bytes_per_token for f in features)
+    bytes_per_token = kv_bytes_per_token(hf_config.num_hidden_layers, model.num_kv_heads, model.head_dim, dtype,
+                                         config.kv_cache_dtype) + sum(f.kv_bytes_per_token for f in features)
     kv, kv_pool = make_kv_cache(config, hf_config, model, dtype, device, bytes_per_token, max_model_len)
     block_size = kv.block_size if kv else 1
     tier = kv.tier if config.kv_offloading_size else None  # not the KVManager's stand-in

@@ -106,7 +106,7 @@ class DecodeGraphs:
         decode = meta.decodes[0]
         keys = torch.arange(decode.block_tables.shape[1] * self.block_size, device=self.device)
         hidden = keys[None, :] >= decode.context_lens[:, None]  # a key past the query's position
-        mask = torch.zeros(hidden.shape, dtype=self.backend.kv_cache.dtype, device=self.device)
+        mask = torch.zeros(hidden.shape, dtype=self.backend.store.dtype, device=self.device)
         decode.mask = mask.masked_fill_(hidden, float("-inf")).view(batch, 1, 1, -1)
         self.backend.meta = meta
         out = self.model(self.input_ids[:batch], self.positions[:batch], self.backend)

@@ -83,7 +83,8 @@ class LLMEngine:
         if self.kv is None:
             return line + ", no KV cache"
         tokens = self.kv.num_blocks * self.kv.block_size
-        line = (f"{line}, {self.config.kv_cache} KV cache of {self.kv_pool.nbytes / 2**20:,.1f} MiB "
+        stored = "" if self.config.kv_cache_dtype == "auto" else f" in {self.config.kv_cache_dtype}"
+        line = (f"{line}, {self.config.kv_cache} KV cache{stored} of {self.kv_pool.nbytes / 2**20:,.1f} MiB "
                 f"= {tokens:,} tokens ({self.kv_bytes_per_token:,} bytes per token)")
         if self.offloader is None:
             return line

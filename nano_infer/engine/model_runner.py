@@ -44,7 +44,7 @@ class ModelRunner:
         self.kv_pool = kv_pool
         self.block_size = block_size
         self.device = device
-        self.backend = make_backend("dense" if kv_pool is None else attention, kv_pool.tensor if kv_pool else None)
+        self.backend = make_backend("dense" if kv_pool is None else attention, kv_pool.store if kv_pool else None)
         self.decode_batch = CPU_DECODE_BATCH if device.type == "cpu" else 1 << 16
         self.num_forward_tokens = 0  # tokens pushed through the model so far (prefill work done)
         self.mirrors: list[tuple] = []  # (model, kv_pool, backend) run on every step at the same slots
@@ -61,7 +61,7 @@ class ModelRunner:
         """Run `model` on every packed step too, writing its K/V into `kv_pool` at the slots the
         target's block tables name (so copy-on-write, rollback and the host tier apply to both).
         Returns its backend."""
-        backend = make_backend(attention, kv_pool.tensor)
+        backend = make_backend(attention, kv_pool.store)
         self.mirrors.append((model, kv_pool, backend))
         if self.host_pools:
             self.host_pools.append(HostKVPool(kv_pool, self.host_pools[0].tensor.shape[2]))

@@ -29,30 +29,32 @@ from .paged import KVPool, lazy_zeros
 
 
 class HostKVPool:
-    """The host blocks for one device pool: [layers, 2, num_blocks, block_size, kv_heads, head_dim]."""
+    """The host blocks for one device pool: [layers, 2, num_blocks, block_size, kv_heads, head_dim], and for a
+    quantized pool (chapter 14) its scales [layers, 2, num_blocks, block_size, kv_heads] beside them: a block
+    stays quantized on the host, so the same host memory holds as many more tokens as the device pool does."""
 
     def __init__(self, pool: KVPool, num_blocks: int):
-        layers, two, _, heads, dim = pool.tensor.shape
-        self.device_blocks = pool.tensor.view(layers, two, pool.num_blocks, pool.block_size, heads, dim)
-        shape = (layers, two, num_blocks, pool.block_size, heads, dim)
-        if pool.tensor.device.type == "cuda":
-            self.tensor = torch.empty(shape, dtype=pool.dtype, pin_memory=True)
-            self.stream = torch.cuda.Stream(pool.tensor.device)
-        else:
-            self.tensor = lazy_zeros(shape, pool.dtype)
-            self.stream = None
+        self.tensor_pairs = []  # (the device pool's tensor seen block by block, its host copy)
+        for device_tensor in pool.tensors:
+            layers, two, _, *per_slot = device_tensor.shape
+            self.tensor_pairs.append((device_tensor.view(layers, two, pool.num_blocks, pool.block_size, *per_slot),
+                               _host_tensor((layers, two, num_blocks, pool.block_size, *per_slot), device_tensor)))
+        self.device_blocks, self.tensor = self.tensor_pairs[0]
+        self.stream = torch.cuda.Stream(pool.tensor.device) if pool.tensor.device.type == "cuda" else None
 
     @property
     def nbytes(self) -> int:
-        return self.tensor.numel() * self.tensor.element_size()
+        return sum(host.numel() * host.element_size() for _, host in self.tensor_pairs)
 
     def copy_out(self, pairs: list[tuple[int, int]]) -> None:
         """(device block, host block) pairs; returns once the bytes are in host memory."""
-        self._on_side_stream(self.device_blocks, self.tensor, pairs)
+        for device_blocks, host in self.tensor_pairs:
+            self._on_side_stream(device_blocks, host, pairs)
 
     def copy_in(self, pairs: list[tuple[int, int]]) -> None:
         """(host block, device block) pairs; on CUDA the forward pass waits for them, the CPU does not."""
-        self._on_side_stream(self.tensor, self.device_blocks, pairs)
+        for device_blocks, host in self.tensor_pairs:
+            self._on_side_stream(host, device_blocks, pairs)
 
     def _on_side_stream(self, src: torch.Tensor, dst: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
@@ -65,6 +67,13 @@ class HostKVPool:
         with torch.cuda.stream(self.stream):
             _copy(src, dst, pairs)
         compute.wait_stream(self.stream)  # before the kernels that read (or overwrite) them
+
+
+def _host_tensor(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """Pinned on CUDA (so the copy engine moves it while the GPU computes), else committed page by page."""
+    if like.device.type == "cuda":
+        return torch.empty(shape, dtype=like.dtype, pin_memory=True)
+    return lazy_zeros(shape, like.dtype)
 
 
 def _copy(src: torch.Tensor, dst: torch.Tensor, pairs: list[tuple[int, int]]) -> None:

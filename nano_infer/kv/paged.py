@@ -4,6 +4,10 @@ Shape [num_layers, 2 (K and V), num_blocks * block_size, num_kv_heads, head_dim]
 token's K/V goes to its slot (`block_id * block_size + offset`, the slot mapping);
 attention reads a sequence's keys through its block table. The pool is sized from a
 byte budget, so "how many tokens fit" is a number you can compute before serving.
+
+With `kv_cache_dtype` "int8" or "fp8" (chapter 14) the tensor holds one byte a value and a second
+one, `scales` [num_layers, 2, num_slots, num_kv_heads] in float16, one scale per slot and head
+(kv/quant.py says why per token); `store` is what attention writes and reads through either way.
 """
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from .quant import CONTAINER_DTYPE, SCALE_DTYPE, is_quantized
+from .store import KVStore
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -26,25 +33,37 @@ class KVPool:
     block_size: int
     num_kv_heads: int
     head_dim: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # the model's: what attention computes in, and what "auto" stores
     device: torch.device
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self):
         shape = (self.num_layers, 2, self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim)
+        quantized = is_quantized(self.kv_cache_dtype)
+        self.tensor = self._zeros(shape, CONTAINER_DTYPE if quantized else self.dtype)
+        self.scales = self._zeros(shape[:-1], SCALE_DTYPE) if quantized else None
+        self.store = KVStore(self.tensor, self.scales, self.kv_cache_dtype, self.dtype)
+
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if torch.device(self.device).type == "cpu":
-            self.tensor = lazy_zeros(shape, self.dtype)
-        else:
-            self.tensor = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            return lazy_zeros(shape, dtype)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """Everything a block owns, each [num_layers, 2, num_slots, ...]: the values, and their scales if any."""
+        return [self.tensor] if self.scales is None else [self.tensor, self.scales]
 
     @property
     def nbytes(self) -> int:
-        return self.tensor.numel() * self.tensor.element_size()
+        return sum(t.numel() * t.element_size() for t in self.tensors)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write: duplicate whole blocks (all layers, K and V) before the step writes into them."""
+        """Copy-on-write: duplicate whole blocks (all layers, K and V, scales too) before the step writes into them."""
         bs = self.block_size
-        for src, dst in copies:
-            self.tensor[:, :, dst * bs : (dst + 1) * bs] = self.tensor[:, :, src * bs : (src + 1) * bs]
+        for t in self.tensors:
+            for src, dst in copies:
+                t[:, :, dst * bs : (dst + 1) * bs] = t[:, :, src * bs : (src + 1) * bs]
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")
+from ..config import KV_CACHE_DTYPES
 
 # each format's stored element type and the largest magnitude it holds (what amax maps to)
 _FORMATS = {
@@ -26,6 +26,9 @@ _FORMATS = {
     "fp8_e5m2": (torch.float8_e5m2, torch.finfo(torch.float8_e5m2).max),  # 57344
 }
 SCALE_DTYPE = torch.float16
+# what a quantized pool's bytes are kept as: every 8-bit format, viewed as its own dtype to convert (CPU torch
+# has no index_copy_ for float8)
+CONTAINER_DTYPE = torch.int8
 # the smallest scale kept: a zero (or tiny) vector must not divide by zero nor round its scale to 0 in float16
 MIN_SCALE = torch.finfo(SCALE_DTYPE).tiny
 

@@ -53,7 +53,7 @@ def make_kv_cache(cfg, hf_config, model, dtype, device, bytes_per_token: int, ma
             num_blocks = min(num_blocks, cfg.max_num_seqs * cdiv(max_model_len, cfg.block_size) + 1)
         blocks = BlockManager(num_blocks, cfg.block_size, log=cfg.log_blocks)
     pool = KVPool(hf_config.num_hidden_layers, blocks.num_blocks, blocks.block_size, model.num_kv_heads,
-                  model.head_dim, dtype, device)
+                  model.head_dim, dtype, device, cfg.kv_cache_dtype)
     tier = cost = None
     if cfg.kv_offloading_size:
         tier = HostTier(num_host_blocks(cfg, bytes_per_token), blocks.block_size, bytes_per_token * blocks.block_size)

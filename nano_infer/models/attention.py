@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..kv.store import KVStore
+
 
 @dataclass
 class SeqSlice:
@@ -126,61 +128,64 @@ def online_softmax_attention(q, k_chunks, scale: float):
 class AttentionBackend:
     """Writes the step's K/V into the cache (if any) and computes attention for one layer.
 
-    `kv_cache` is [num_layers, 2, num_slots, num_kv_heads, head_dim] or None. A slot is one
-    token's K (or V) vector; slot = block_id * block_size + offset. Reads go block by block:
-    seen as [num_blocks, block_size * kv_heads * head_dim], an `index_select` over a block
-    table copies a few large rows instead of one small row per token. Each subclass is one way
-    to attend: `prefill` for a prompt chunk, `decode` for a batch of decode (or verify) rows.
+    `kv` is the paged pool (a `KVStore`, or its tensor [num_layers, 2, num_slots, num_kv_heads,
+    head_dim] in the model's dtype) or None. A slot is one token's K (or V) vector; slot = block_id
+    * block_size + offset. How K/V is stored (the model's dtype, or 8 bits with scales) is the store's
+    business: each layer's `write` puts the step's K/V at the slot mapping, and `read` returns the
+    blocks of a table, one row of block_size * kv_heads * head_dim per block, in the model's dtype.
+    Each subclass is one way to attend: `prefill` for a prompt chunk, `decode` for a batch of decode
+    (or verify) rows.
     """
 
-    def __init__(self, kv_cache: torch.Tensor | None, blocks_per_chunk: int = 16):
-        self.kv_cache = kv_cache
+    def __init__(self, kv: KVStore | torch.Tensor | None, blocks_per_chunk: int = 16):
+        self.store = KVStore(kv) if isinstance(kv, torch.Tensor) else kv
         self.blocks_per_chunk = blocks_per_chunk
         self.meta: AttentionMetadata | None = None
-        self._views: tuple[int, list] | None = None  # (block_size, per layer: (k slots, v slots, k blocks, v blocks))
+        self._views: tuple[int, list] | None = None  # (block_size, per layer: its LayerKV)
 
-    def layer_views(self, layer: int, block_size: int) -> tuple[torch.Tensor, ...]:
-        """The layer's K and V pools seen as slots [num_slots, KVH, D] and as blocks [num_blocks, block_size *
-        KVH * D], made once: indexing the 5-D pool anew in every layer of every step is ten aten calls a layer."""
+    @property
+    def kv_cache(self) -> torch.Tensor | None:
+        """The pool's tensor [num_layers, 2, num_slots, num_kv_heads, head_dim] (None: no cache)."""
+        return None if self.store is None else self.store.tensor
+
+    def layer_kv(self, layer: int, block_size: int):
+        """The layer's write and read views, made once: indexing the 5-D pool anew in every layer of every
+        step is ten aten calls a layer."""
         if self._views is None or self._views[0] != block_size:
-            per_layer = []
-            for k_slots, v_slots in self.kv_cache:
-                k_blocks = k_slots.view(-1, block_size * k_slots.shape[1] * k_slots.shape[2])
-                per_layer.append((k_slots, v_slots, k_blocks, v_slots.view(k_blocks.shape)))
-            self._views = block_size, per_layer
+            self._views = block_size, self.store.layers(block_size)
         return self._views[1][layer]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = self.meta
-        blocks = None
-        if self.kv_cache is not None:
-            k_slots, v_slots, *blocks = self.layer_views(layer, meta.block_size)
-            k_slots.index_copy_(0, meta.slot_mapping, k)
-            v_slots.index_copy_(0, meta.slot_mapping, v)
+        kv = None
+        if self.store is not None:
+            kv = self.layer_kv(layer, meta.block_size)
+            kv.write(meta.slot_mapping, k, v)
         if not meta.prefills and len(meta.decodes) == 1:  # a decode-only step: no output buffer to fill
-            return self._decode_rows(meta.decodes[0], q, k.shape[1], blocks)
+            return self._decode_rows(meta.decodes[0], q, k.shape[1], kv)
         out = torch.empty_like(q)
         for s in meta.prefills:
             rows = slice(s.q_start, s.q_start + s.q_len)
-            out[rows] = self.prefill(s, q[rows], k[rows], v[rows], blocks)
+            out[rows] = self.prefill(s, q[rows], k[rows], v[rows], kv)
         for d in meta.decodes:
-            out[d.start : d.end] = self._decode_rows(d, q[d.start : d.end], k.shape[1], blocks)
+            out[d.start : d.end] = self._decode_rows(d, q[d.start : d.end], k.shape[1], kv)
         return out
 
-    def _decode_rows(self, d: DecodeBatch, q: torch.Tensor, kv_heads: int, blocks) -> torch.Tensor:
+    def _decode_rows(self, d: DecodeBatch, q: torch.Tensor, kv_heads: int, kv) -> torch.Tensor:
         """q [B * q_len, H, D], the rows of one decode batch -> their attention output, same shape. For one
         query token a sequence, folding the groups is a view: [B, H, D] is [B, KVH, G, D]."""
         B, (H, D) = q.shape[0] // d.q_len, q.shape[1:]
         if d.q_len == 1:
-            return self.decode(d, q.view(B, kv_heads, H // kv_heads, D), blocks, H // kv_heads).reshape(B, H, D)
-        o = self.decode(d, fold_gqa(q.view(B, d.q_len, H, D), kv_heads), blocks, H // kv_heads)
+            return self.decode(d, q.view(B, kv_heads, H // kv_heads, D), kv, H // kv_heads).reshape(B, H, D)
+        o = self.decode(d, fold_gqa(q.view(B, d.q_len, H, D), kv_heads), kv, H // kv_heads)
         return unfold_gqa(o, d.q_len).reshape(q.shape)
 
-    def prefill(self, s: SeqSlice, q, k, v, blocks) -> torch.Tensor:
-        """q, k, v [L, heads, D] of one prompt chunk; returns its attention output [L, heads, D]."""
+    def prefill(self, s: SeqSlice, q, k, v, kv) -> torch.Tensor:
+        """q, k, v [L, heads, D] of one prompt chunk; returns its attention output [L, heads, D]. `kv`: the
+        layer's store (`kv.read(block_table)`), None without a cache."""
         raise NotImplementedError
 
-    def decode(self, d: DecodeBatch, q, blocks, groups: int) -> torch.Tensor:
+    def decode(self, d: DecodeBatch, q, kv, groups: int) -> torch.Tensor:
         """q [B, KVH, G*q_len, D]; returns the output in the same layout."""
         raise NotImplementedError
 
@@ -188,14 +193,14 @@ class AttentionBackend:
 class DenseAttention(AttentionBackend):
     """No KV cache: every step recomputes the whole sequence, so a prompt attends to its own K/V."""
 
-    def prefill(self, s, q, k, v, blocks):
+    def prefill(self, s, q, k, v, kv):
         return causal_prompt_attention(q, k, v)
 
 
 class GatherAttention(AttentionBackend):
     """Gather each sequence's keys and values through its block table into one tensor, then SDPA."""
 
-    def prefill(self, s, q, k, v, blocks):
+    def prefill(self, s, q, k, v, kv):
         if s.context_len == s.q_len:  # nothing cached before: its own K/V
             return causal_prompt_attention(q, k, v)
         groups = q.shape[1] // k.shape[1]
@@ -203,15 +208,13 @@ class GatherAttention(AttentionBackend):
             visible = causal_mask(s.q_len, s.context_len, groups, q.device)
             s.mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill_(~visible, float("-inf"))
         # a chunk after cached tokens: keys from the pool, an explicit mask
-        ks, vs = (b.index_select(0, s.block_table).view(-1, *k.shape[1:])[: s.context_len].transpose(0, 1)[None]
-                  for b in blocks)
+        ks, vs = (b.view(-1, *k.shape[1:])[: s.context_len].transpose(0, 1)[None] for b in kv.read(s.block_table))
         o = sdpa(fold_gqa(q, k.shape[1])[None], ks, vs, s.mask)[0]
         return unfold_gqa(o, s.q_len)
 
-    def decode(self, d, q, blocks, groups):
+    def decode(self, d, q, kv, groups):
         B, kv_heads, D = q.shape[0], q.shape[1], q.shape[-1]
-        kd, vd = (b.index_select(0, d.block_tables.view(-1)).view(B, -1, kv_heads, D).transpose(1, 2)
-                  for b in blocks)  # [B, KVH, S, D]
+        kd, vd = (b.view(B, -1, kv_heads, D).transpose(1, 2) for b in kv.read(d.block_tables.view(-1)))  # [B, KVH, S, D]
         mask = d.mask if d.q_len == 1 else d.mask.repeat(1, 1, groups, 1)  # rows are (group, query)
         return sdpa(q, kd, vd, mask)
 
@@ -220,16 +223,16 @@ class BlockwiseAttention(AttentionBackend):
     """Walk the block table `blocks_per_chunk` blocks at a time with an online softmax: no tensor
     ever holds a whole sequence's keys (FlashAttention's loop, in torch ops)."""
 
-    def prefill(self, s, q, k, v, blocks):
+    def prefill(self, s, q, k, v, kv):
         context_lens = torch.tensor([s.context_len], device=q.device)
         qs = fold_gqa(q, k.shape[1])[None]  # [1, KVH, G*L, D]
-        o = self._blockwise(qs, blocks, s.block_table[None], context_lens, s.q_len, q.shape[1] // k.shape[1])[0]
+        o = self._blockwise(qs, kv, s.block_table[None], context_lens, s.q_len, q.shape[1] // k.shape[1])[0]
         return unfold_gqa(o, s.q_len)
 
-    def decode(self, d, q, blocks, groups):
-        return self._blockwise(q, blocks, d.block_tables, d.context_lens, d.q_len, groups)
+    def decode(self, d, q, kv, groups):
+        return self._blockwise(q, kv, d.block_tables, d.context_lens, d.q_len, groups)
 
-    def _blockwise(self, q, blocks, block_tables, context_lens, q_len, groups):
+    def _blockwise(self, q, kv, block_tables, context_lens, q_len, groups):
         """q [B, KVH, G*q_len, D]; block_tables [B, n]; walks the tables `blocks_per_chunk` blocks at a time."""
         B = block_tables.shape[0]
         bs = self.meta.block_size
@@ -240,8 +243,8 @@ class BlockwiseAttention(AttentionBackend):
         def chunks():
             for first in range(0, block_tables.shape[1], self.blocks_per_chunk):
                 table = block_tables[:, first : first + self.blocks_per_chunk]
-                kc, vc = (b.index_select(0, table.reshape(-1)).view(B, -1, q.shape[1], q.shape[-1]).transpose(1, 2)
-                          for b in blocks)  # [B, KVH, n, D]
+                kc, vc = (b.view(B, -1, q.shape[1], q.shape[-1]).transpose(1, 2)
+                          for b in kv.read(table.reshape(-1)))  # [B, KVH, n, D]
                 n = kc.shape[2]
                 key_pos = torch.arange(first * bs, first * bs + n, device=q.device).view(1, 1, n)
                 yield kc, vc, (key_pos <= q_pos).unsqueeze(1)  # mask [B, 1, G*q_len, n]
@@ -252,8 +255,8 @@ class BlockwiseAttention(AttentionBackend):
 BACKENDS = {"dense": DenseAttention, "gather": GatherAttention, "blockwise": BlockwiseAttention}
 
 
-def make_backend(impl: str, kv_cache: torch.Tensor | None, blocks_per_chunk: int = 16) -> AttentionBackend:
+def make_backend(impl: str, kv: KVStore | torch.Tensor | None, blocks_per_chunk: int = 16) -> AttentionBackend:
     """The backend named by `LLM(attention=...)` ("dense" when there is no KV cache)."""
     if impl not in BACKENDS:
         raise ValueError(f"attention={impl!r} is invalid: use 'gather' or 'blockwise'")
-    return BACKENDS[impl](kv_cache, blocks_per_chunk)
+    return BACKENDS[impl](kv, blocks_per_chunk)

@@ -31,7 +31,7 @@ from ..engine.logits_processors import Row, apply_logits_rules
 from ..engine.model_runner import ModelRunner
 from ..engine.sampling import greedy_tokens
 from ..kv.manager import KVManager
-from ..kv.paged import kv_bytes_per_token
+from ..kv.quant import kv_bytes_per_token
 from .draft import DraftProposer
 from .ngram import propose_ngram
 from .rejection import accept_greedy, accept_sampled, target_probs
@@ -70,7 +70,7 @@ class SpeculativeDecoder(Feature[None]):
         self.stats = SpecStats()
         if draft is not None:  # the draft's K/V lives in blocks of the same ids: the pool budgets for both per token
             self.kv_bytes_per_token = kv_bytes_per_token(draft.config.num_hidden_layers, draft.model.num_kv_heads,
-                                                         draft.model.head_dim, draft.dtype)
+                                                         draft.model.head_dim, draft.dtype, draft.kv_cache_dtype)
 
     @classmethod
     def create(cls, setup: FeatureSetup) -> SpeculativeDecoder | None:
@@ -78,7 +78,8 @@ class SpeculativeDecoder(Feature[None]):
         if spec is None:
             return None
         draft = None if spec.method != "draft_model" else DraftProposer(
-            spec.model, setup.hf_config, setup.tokenizer, setup.device, setup.dtype, setup.max_model_len)
+            spec.model, setup.hf_config, setup.tokenizer, setup.device, setup.dtype, setup.max_model_len,
+            setup.config.kv_cache_dtype)
         return cls(spec, setup.max_model_len, setup.config.attention, draft)
 
     def attach(self, runner: ModelRunner, kv: KVManager | None) -> None:

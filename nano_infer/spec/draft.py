@@ -38,7 +38,7 @@ def check_compatible(draft_dir, draft_config, target_config, target_tokenizer) -
 
 class DraftProposer:
     def __init__(self, model_name: str, target_config: PretrainedConfig, target_tokenizer: PreTrainedTokenizerBase,
-                 device: torch.device, dtype: torch.dtype, max_model_len: int):
+                 device: torch.device, dtype: torch.dtype, max_model_len: int, kv_cache_dtype: str = "auto"):
         self.model_dir = resolve_model_dir(model_name)
         self.config = load_config(self.model_dir)
         check_compatible(self.model_dir, self.config, target_config, target_tokenizer)
@@ -47,6 +47,7 @@ class DraftProposer:
                              f"{self.config.max_position_embeddings} is below max_model_len={max_model_len}")
         self.model = load_model(self.model_dir, self.config, device, dtype, max_model_len)
         self.device, self.dtype = device, dtype
+        self.kv_cache_dtype = kv_cache_dtype  # the target's: the draft's pool is stored the same way
         self.kv_pool = None
         self.backend = None
 
@@ -54,7 +55,7 @@ class DraftProposer:
         """The draft's pool (as many blocks as the target's, so any block id is valid in both),
         kept filled by the runner on every step."""
         self.kv_pool = KVPool(self.config.num_hidden_layers, num_blocks, block_size,
-                              self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device)
+                              self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device, self.kv_cache_dtype)
         self.backend = runner.mirror(self.model, self.kv_pool, attention)
 
     @torch.inference_mode()

@@ -1,0 +1,92 @@
+"""How attention writes a step's K/V into the paged pool and reads blocks back: one object per layer.
+
+Attention (models/attention.py) never looks at how K/V is stored. It calls `write(slot_mapping, k, v)`
+with the step's new tokens and `read(block_ids)` for the blocks a table names, and gets K and V back in
+the model's dtype, one row per block ([n, block_size * kv_heads * head_dim]). Two ways to store them:
+
+- `LayerKV` (kv_cache_dtype="auto"): the pool in the model's dtype. A write is one `index_copy_` into
+  the layer's slots; a read is one `index_select` over the layer seen as blocks, which copies a few large
+  rows (a whole block each) instead of one small row per token.
+- `QuantizedLayerKV` ("int8", "fp8_e4m3", "fp8_e5m2"): the same two calls on 8-bit values plus the same two on
+  their float16 scales (one per token and KV head), with `quant.quantize` before the write and
+  `quant.dequantize` after the read.
+
+The views are made once per layer and reused by every step (and captured by CUDA graphs, whose
+addresses must not move); nothing here waits on the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .quant import canonical, dequantize, quantize, storage_dtype
+
+
+@dataclass
+class LayerKV:
+    """One layer's K and V in the model's dtype: slots [num_slots, KVH, D] to write, blocks
+    [num_blocks, block_size * KVH * D] to read."""
+
+    k_slots: torch.Tensor
+    v_slots: torch.Tensor
+    k_blocks: torch.Tensor
+    v_blocks: torch.Tensor
+
+    @classmethod
+    def of(cls, k_slots: torch.Tensor, v_slots: torch.Tensor, block_size: int) -> LayerKV:
+        k_blocks = k_slots.view(-1, block_size * k_slots.shape[1:].numel())
+        return cls(k_slots, v_slots, k_blocks, v_slots.view(k_blocks.shape))
+
+    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k_slots.index_copy_(0, slot_mapping, k)
+        self.v_slots.index_copy_(0, slot_mapping, v)
+
+    def read(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_blocks.index_select(0, block_ids), self.v_blocks.index_select(0, block_ids)
+
+
+@dataclass
+class QuantizedLayerKV:
+    """One layer's K and V as 8-bit values (`values`, a LayerKV over the int8 container) and their float16
+    scales (`scales`, a LayerKV over [num_slots, KVH]); read back in `dtype`, the model's."""
+
+    values: LayerKV
+    scales: LayerKV
+    kv_cache_dtype: str
+    dtype: torch.dtype
+
+    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        (kq, ks), (vq, vs) = quantize(k, self.kv_cache_dtype), quantize(v, self.kv_cache_dtype)
+        container = self.values.k_slots.dtype
+        self.values.write(slot_mapping, kq.view(container), vq.view(container))
+        self.scales.write(slot_mapping, ks, vs)
+
+    def read(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n, head_dim = block_ids.shape[0], self.values.k_slots.shape[-1]
+        stored = storage_dtype(self.kv_cache_dtype)
+        return tuple(dequantize(q.view(n, -1, head_dim).view(stored), s.view(n, -1), self.dtype).view(n, -1)
+                     for q, s in zip(self.values.read(block_ids), self.scales.read(block_ids)))
+
+
+@dataclass
+class KVStore:
+    """A pool's K/V as attention sees it: `tensor` [layers, 2, slots, KVH, D] (the model's dtype, or the int8
+    container of 8-bit values) and, when quantized, `scales` [layers, 2, slots, KVH] in float16."""
+
+    tensor: torch.Tensor
+    scales: torch.Tensor | None = None
+    kv_cache_dtype: str = "auto"
+    dtype: torch.dtype | None = None  # what attention computes in; None: the tensor's own
+
+    def __post_init__(self):
+        self.kv_cache_dtype = canonical(self.kv_cache_dtype)
+        self.dtype = self.dtype or self.tensor.dtype
+
+    def layers(self, block_size: int) -> list[LayerKV | QuantizedLayerKV]:
+        """Per layer, the views attention writes and reads through, for blocks of `block_size` slots."""
+        plain = [LayerKV.of(k, v, block_size) for k, v in self.tensor]
+        if self.scales is None:
+            return plain
+        return [QuantizedLayerKV(values, LayerKV.of(ks, vs, block_size), self.kv_cache_dtype, self.dtype)
+                for values, (ks, vs) in zip(plain, self.scales)]
