@@ -15,13 +15,14 @@ anything could be: ceiling / that engine's tokens/s.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
 
 def matmul_gflops(n: int | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                  repeats: int = 5) -> float:
-    """Best of `repeats` timings of an n x n @ n x n matmul, in GFLOP/s."""
+                  repeats: int = 5, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Best of `repeats` timings of an n x n @ n x n matmul, in GFLOP/s (`clock` as in `decode.copy_bandwidth`)."""
     device = torch.device(device)
     n = n or (8192 if device.type == "cuda" else 1024)
     a = torch.randn(n, n, dtype=dtype, device=device)
@@ -30,11 +31,11 @@ def matmul_gflops(n: int | None = None, dtype: torch.dtype = torch.float32, devi
     for _ in range(repeats + 1):  # the first is a warm-up
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start = clock()
         torch.mm(a, b)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return 2 * n**3 / best / 1e9
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from ..models.loader import TINY_MODEL_DIR
 from ..sampling_params import SamplingParams
 from ..spec import SpeculativeDecoder
-from .timing import verdict
+from .timing import Comparison, verdict
 
 DRAFT_DIR = TINY_MODEL_DIR.parent / "tiny_draft"
 QUOTE_MODEL = Path(__file__).resolve().parents[2] / ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"  # make models
@@ -125,6 +125,7 @@ def measure(base, spec, prompt_ids, params, batch: int, rounds: int) -> dict:
         rows.append({"tokens": tokens, "base_s": t_base, "spec_s": t_spec, "speedup": t_base / t_spec,
                      "base_tok_s": tokens / t_base, "spec_tok_s": tokens / t_spec, **stats})
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    med["speedup"] = med["spec_tok_s"] / med["base_tok_s"]  # the ratio of the throughputs printed beside it
     return {"batch": batch, "rounds": rows, "median": med}
 
 
@@ -161,9 +162,16 @@ def speculation_verdict(r: dict) -> str:
 def format_row(r: dict) -> str:
     m = r["median"]
     return (f"{r['workload']:>5} {r['method']:>11} batch {r['batch']:>3}: acceptance {m['acceptance_rate']:.2f}, "
-            f"{m['tokens_per_verify']:.2f} tokens/verify, {m['base_tok_s']:7.1f} -> {m['spec_tok_s']:7.1f} tok/s, "
-            f"speed-up {m['speedup']:.2f}x (rounds {min(x['speedup'] for x in r['rounds']):.2f}-"
-            f"{max(x['speedup'] for x in r['rounds']):.2f}): speculation {speculation_verdict(r)}")
+            f"{m['tokens_per_verify']:.2f} tokens/verify; speed-up: {speedup_text(r)}")
+
+
+def speedup_text(r: dict) -> str:
+    """The speculative throughput over the plain one, as `timing.Comparison` says a ratio (the medians, their
+    ratio, the rounds' range, the verdict); each round produced the same tokens, so throughput is 1 / time."""
+    tokens = r["rounds"][0]["tokens"]
+    per_s = Comparison("speculative", "plain", [tokens / x["spec_s"] for x in r["rounds"]],
+                       [tokens / x["base_s"] for x in r["rounds"]], 1.0, "speculation pays", "speculation does not pay")
+    return per_s.text(unit="tok/s", scale=1, digits=1)
 
 
 def machine() -> dict:

@@ -3,8 +3,10 @@
 Another process on a shared CPU slows torch several-fold for seconds at a time, so two variants
 timed one after the other can see different machines. Here every round runs each variant once,
 in a rotated order, so a burst of load lands on all of them alike; the first `warmup` rounds are
-thrown away (allocator, caches, lazy init), and a comparison is the median over rounds of the
-per-round ratio. On CPU the clock is the process's CPU time, which does not count the moments
+thrown away (allocator, caches, lazy init). A comparison prints the two medians and their ratio, so
+a reader can recompute it from the numbers beside it; its verdict comes from the per-round ratios,
+which all lie on one side of the threshold or make it "inconclusive". (If every round's ratio is
+above a threshold, so is the ratio of the medians: the medians cannot contradict the verdict.) On CPU the clock is the process's CPU time, which does not count the moments
 a neighbour holds the core (it still feels a neighbour sharing caches and memory bandwidth).
 `one_thread()` is for CPU timings: a neighbour taking one of two cores slows a one-thread op
 at most twice, a two-thread op (which waits for its slower thread at every barrier) far more,
@@ -35,8 +37,46 @@ class Timings:
         return [s / f for s, f in zip(self.samples[slow], self.samples[fast])]
 
     def ratio(self, slow: str, fast: str) -> float:
-        """Median over rounds of slow / fast."""
-        return statistics.median(self.ratios(slow, fast))
+        """The median of slow over the median of fast: the ratio of the two numbers a table prints beside it.
+        It lies between the smallest and the largest per-round ratio."""
+        return self.median(slow) / self.median(fast)
+
+    def compare(self, slow: str, fast: str, threshold: float = 1.0, above: str = "", below: str = "") -> Comparison:
+        return Comparison(str(slow), str(fast), self.samples[slow], self.samples[fast], threshold, above, below)
+
+
+@dataclass
+class Comparison:
+    """Two variants timed in the same rounds, said one way in every chapter:
+    "slow 12.30 ms / fast 4.10 ms = 3.00x (rounds 2.80-3.40) -> verdict". The ratio is the medians' (what a
+    reader recomputes from the line), the range and the verdict are the rounds' (tests/test_notebook_ratios.py
+    recomputes every such line of the committed notebooks)."""
+
+    slow_name: str
+    fast_name: str
+    slow: list[float]  # seconds (or any unit `scale` turns into the printed one), one per round
+    fast: list[float]
+    threshold: float = 1.0
+    above: str = ""  # the verdict when every round's ratio is above the threshold
+    below: str = ""
+
+    @property
+    def ratios(self) -> list[float]:
+        return [s / f for s, f in zip(self.slow, self.fast)]
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.slow) / statistics.median(self.fast)
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.ratios, self.threshold, self.above, self.below)
+
+    def text(self, unit: str = "ms", scale: float = 1e3, digits: int = 2) -> str:
+        a, b = (statistics.median(x) * scale for x in (self.slow, self.fast))
+        line = (f"{self.slow_name} {a:,.{digits}f} {unit} / {self.fast_name} {b:,.{digits}f} {unit} = {a / b:.2f}x "
+                f"(rounds {min(self.ratios):.2f}-{max(self.ratios):.2f})")
+        return f"{line} -> {self.verdict}" if self.above or self.below else line
 
 
 def verdict(ratios: list[float], threshold: float, above: str, below: str) -> str:

@@ -1,6 +1,8 @@
 """Interleaved timing: every variant once per round, rotated order, warm-up rounds dropped, paired ratios."""
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nano_infer.bench.timing import Timings, interleaved, one_thread, verdict
 
@@ -13,10 +15,27 @@ def test_rounds_run_every_variant_in_rotated_order_and_drop_the_warmup():
     assert {name: len(s) for name, s in t.samples.items()} == {"a": 3, "b": 3, "c": 3}
 
 
-def test_ratio_is_the_median_of_per_round_ratios():
-    t = Timings({"slow": [2.0, 40.0, 3.0], "fast": [1.0, 10.0, 1.0]})  # a busy second round slowed both
-    assert t.ratio("slow", "fast") == 3.0
-    assert t.median("slow") == 3.0
+def test_ratio_is_the_ratio_of_the_medians_printed_beside_it():
+    t = Timings({"slow": [2.0, 40.0, 3.0], "fast": [1.0, 10.0, 2.0]})  # a busy second round slowed both
+    assert t.median("slow") == 3.0 and t.median("fast") == 2.0
+    assert t.ratio("slow", "fast") == 1.5  # not 2.0, the median of the per-round ratios 2, 4, 1.5
+    assert t.ratios("slow", "fast") == [2.0, 4.0, 1.5]
+
+
+@given(st.lists(st.tuples(st.floats(1e-3, 1e3), st.floats(1e-3, 1e3)), min_size=1, max_size=9))
+def test_the_medians_ratio_lies_within_the_rounds_so_it_never_contradicts_the_verdict(rounds):
+    c = Timings({"a": [a for a, _ in rounds], "b": [b for _, b in rounds]}).compare("a", "b", 1.0, "a slower", "a faster")
+    assert min(c.ratios) * (1 - 1e-9) <= c.ratio <= max(c.ratios) * (1 + 1e-9)
+    assert c.verdict != "a slower" or c.ratio > 1
+    assert c.verdict != "a faster" or c.ratio < 1
+
+
+def test_a_comparison_prints_the_medians_their_ratio_the_rounds_and_the_verdict():
+    c = Timings({"int4": [0.030, 0.012, 0.010], "dense": [0.010, 0.005, 0.004]}).compare(
+        "int4", "dense", 1.0, "dense faster", "int4 faster")
+    assert c.text() == "int4 12.00 ms / dense 5.00 ms = 2.40x (rounds 2.40-3.00) -> dense faster"
+    assert c.text(unit="s", scale=1, digits=3) == "int4 0.012 s / dense 0.005 s = 2.40x (rounds 2.40-3.00) -> dense faster"
+    assert Timings({"a": [1.0, 3.0], "b": [2.0, 2.0]}).compare("a", "b").text().endswith("(rounds 0.50-1.50)")  # no verdict asked
 
 
 def test_rounds_must_be_positive():
