@@ -227,8 +227,8 @@ class PrefixCost:
     blocks_loaded: int  # blocks the host-tier variant copied back
 
     def row(self) -> dict:
-        """Medians; recompute / load and load / device hit, each the median of per-round ratios, with the
-        spread of those ratios over the rounds and a verdict on recompute / load."""
+        """Medians; recompute / load and load / device hit, each the ratio of the medians beside it, with the
+        range of the per-round ratios and a verdict on recompute / load from them."""
         ratios = self.timings.ratios("no cache", "host tier")
         extra = self.timings.ratios("host tier", "device cache")
         return {"prefix tokens": self.prefix_tokens, "blocks loaded": self.blocks_loaded,

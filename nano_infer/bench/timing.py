@@ -59,6 +59,7 @@ class Comparison:
     threshold: float = 1.0
     above: str = ""  # the verdict when every round's ratio is above the threshold
     below: str = ""
+    over: str = "rounds"  # what the pairs are: rounds, or requests served by both
 
     @property
     def ratios(self) -> list[float]:
@@ -75,7 +76,7 @@ class Comparison:
     def text(self, unit: str = "ms", scale: float = 1e3, digits: int = 2) -> str:
         a, b = (statistics.median(x) * scale for x in (self.slow, self.fast))
         line = (f"{self.slow_name} {a:,.{digits}f} {unit} / {self.fast_name} {b:,.{digits}f} {unit} = {a / b:.2f}x "
-                f"(rounds {min(self.ratios):.2f}-{max(self.ratios):.2f})")
+                f"({self.over} {min(self.ratios):.2f}-{max(self.ratios):.2f})")
         return f"{line} -> {self.verdict}" if self.above or self.below else line
 
 
