@@ -1,10 +1,12 @@
 """The README's snippets run as written: a reader's first contact with the package must work.
 
-Python blocks of a file run in order in one namespace (later blocks use `llm` from earlier ones).
-Shell lines: `nano-infer generate` runs for real; a `nano-infer serve` line would serve forever, so
-its options are checked by running it with `--help` appended; `make` lines are what `make test`
-itself runs; the two-machine torchrun line needs two machines.
+Each Python block runs alone, pasted line by line into a fresh interactive prompt (`code.InteractiveConsole`,
+what `python` gives a reader): a block that leans on a name from an earlier one, or that a prompt cannot take
+(a statement right after an indented block with no blank line), fails. Shell lines: `nano-infer generate`
+runs for real; a `nano-infer serve` line would serve forever, so its options are checked by running it with
+`--help` appended; `make` lines are what `make test` itself runs; the two-machine torchrun line needs two machines.
 """
+import code
 import contextlib
 import io
 import re
@@ -29,28 +31,56 @@ def shell_lines(path: Path, command: str) -> list[list[str]]:
     return [shlex.split(line) for line in lines if line.startswith(command + " ")]
 
 
-def run_python_blocks(path: Path) -> str:
-    out, namespace = io.StringIO(), {}
+class Prompt(code.InteractiveConsole):
+    """An interactive prompt that raises what it would print: a SyntaxError or a traceback."""
+
+    def showsyntaxerror(self, filename=None, **kwargs):
+        raise sys.exc_info()[1]
+
+    def showtraceback(self):
+        raise sys.exc_info()[1]
+
+
+def paste(block: str) -> str:
+    """What a fresh prompt prints when `block` is pasted into it, then Enter on an empty line."""
+    out, prompt = io.StringIO(), Prompt({"__name__": "__console__"})
     with contextlib.redirect_stdout(out):
-        for block in blocks(path, "python"):
-            exec(compile(block, str(path), "exec"), namespace)  # noqa: S102 - the README's own code
+        for line in block.splitlines() + [""]:
+            prompt.push(line)
     return out.getvalue()
 
 
+def run_python_blocks(path: Path) -> list[str]:
+    return [paste(block) for block in blocks(path, "python")]
+
+
+def test_a_prompt_refuses_what_a_reader_could_not_paste():
+    with pytest.raises(SyntaxError):
+        paste("for i in range(2):\n    x = i\nprint(x)")  # no blank line after the loop
+    with pytest.raises(NameError):
+        paste("print(llm)")  # a name from another snippet
+    assert paste("for i in range(2):\n    x = i\n\nprint(x)") == "1\n"
+
+
 @pytest.mark.slow
-def test_readme_python_runs_and_the_gguf_model_answers_paris(monkeypatch):
+def test_readme_python_runs_each_snippet_alone_and_the_gguf_model_answers(monkeypatch):
     if not GGUF.exists():
         pytest.skip(f"{GGUF} is missing: `make models` fetches it (make test does)")
     monkeypatch.chdir(ROOT)  # the README's paths are relative to the checkout
     printed = run_python_blocks(ROOT / "README.md")
-    assert any("Paris" in line for line in printed.splitlines()), printed[-300:]
-    scores = [float(line.split()[0]) for line in printed.splitlines() if re.match(r"-\d+\.\d+ -\d+\.\d+ (stop|length)", line)]
+    by_block = dict(zip(blocks(ROOT / "README.md", "python"), printed))
+    gguf = next(out for block, out in by_block.items() if "capital of France" in block)
+    assert "Paris" in gguf, gguf
+    vllm = next(out for block, out in by_block.items() if "StructuredOutputsParams" in block)
+    assert vllm.splitlines()[-1] == "['Positive', 'Negative']", vllm
+    beams = next(out for block, out in by_block.items() if "beam_search" in block)
+    scores = [float(line.split()[0]) for line in beams.splitlines() if re.match(r"-\d+\.\d+ -\d+\.\d+ (stop|length)", line)]
     assert len(scores) == 4 and scores == sorted(scores, reverse=True)  # the beam-search block's 4 hypotheses
 
 
 def test_notebooks_readme_python_runs():
     """The exercise snippet runs its checker on the unfilled stub, which reports it as not right yet."""
-    assert "top_k_top_p_filter: not yet right" in run_python_blocks(ROOT / "notebooks/README.md")
+    assert "top_k_top_p_filter: not yet right" in "".join(run_python_blocks(ROOT / "notebooks/README.md"))
 
 
 @pytest.mark.slow
