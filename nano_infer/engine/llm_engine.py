@@ -38,6 +38,7 @@ from .build import EngineParts, Feature, build_engine
 from .cpu_threads import FreeCoreThreads
 from .logits_processors import resolve_token_rules
 from .output_processor import OutputProcessor
+from .request_stats import RequestStats
 from .sequences import new_sequence
 from .stats import EngineStats, HostTierSnapshot, copy_of
 
@@ -61,6 +62,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(MappingProxyType(self.requests), self.scheduler, self.tokenizer,
                                                 self.eos_token_ids, self.max_model_len, self.device)
         self.num_steps = 0
+        self.request_stats = RequestStats()  # latency histograms, published with the stats
         self._publish()
         self.startup_line = self._describe(parts)
         logger.info(self.startup_line)
@@ -195,7 +197,9 @@ class LLMEngine:
             seq.num_pending_forks = 0  # samples that were still to fork off never will
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
-        return self.output_processor.output(req)
+        out = self.output_processor.output(req)
+        self.request_stats.finish(req)
+        return out
 
     # -- one step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -215,6 +219,7 @@ class LLMEngine:
         for plugin in self.plugins:
             plugin.after_step(step)
         outputs = self.output_processor.step_outputs()
+        self.request_stats.observe(self.output_processor.touched.values())
         self._retire([out.request_id for out in outputs if out.finished])
         self._publish()
         return outputs
@@ -235,7 +240,8 @@ class LLMEngine:
         self.stats = EngineStats(
             self.parts.display_name, self.max_model_len, len(scheduler.running), len(scheduler.waiting), self.num_steps,
             self.num_generated_tokens, self.runner.num_forward_tokens, kv.num_blocks if kv else 0,
-            kv.num_free_blocks if kv else 0, copy_of(self.prefix_cache.stats) if self.prefix_cache else None, host)
+            kv.num_free_blocks if kv else 0, copy_of(self.prefix_cache.stats) if self.prefix_cache else None, host,
+            self.request_stats.snapshot())
 
     # -- introspection -----------------------------------------------------------------------
     @property

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..kv.host_tier import HostTierStats
 from ..prefix.base import PrefixCacheStats
+from .request_stats import RequestStatsSnapshot
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class EngineStats:
     num_free_kv_blocks: int = 0
     prefix_cache: PrefixCacheStats | None = None  # a copy; None without a prefix cache
     host_tier: HostTierSnapshot | None = None  # None without a host tier
+    requests: RequestStatsSnapshot = RequestStatsSnapshot()  # latencies and counts of requests (request_stats.py)
 
     @property
     def kv_usage(self) -> float:
