@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 # The GPU notebook check uses a real instruct model from the hub.
 GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
-# Debian's chromium (make chromium): the book's browser test drives it, kaleido draws the figure images with it.
+# Debian's chromium (make chromium): the book's browser test and tests/test_notebook_fit.py drive it, kaleido draws the figure images with it.
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
@@ -26,8 +26,8 @@ lab: setup
 
 test: test-unit test-notebooks test-book
 
-test-unit: setup models lm-eval
-	$(PY) -m pytest tests -q
+test-unit: setup models lm-eval chromium
+	CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests -q
 
 # While working: tests/ without the tests marked slow (a real checkpoint, a second process, a server under load, ...).
 test-fast: setup

@@ -10,6 +10,18 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+# JupyterLab 4 in a 1280 px window with the file browser open (its default 250 px) gives a notebook's outputs 848 px;
+# a wider figure is cut off there (and its PNG too). Text draws in the code font at 13 px (DejaVu Sans Mono on Linux:
+# 7.83 px a character) after one character of padding and wraps (pre-wrap) past 107 characters.
+# tests/test_notebook_fit.py draws every committed figure at OUTPUT_WIDTH in Chromium and measures both.
+OUTPUT_WIDTH = 848
+FIGURE_WIDTH = 820  # a figure that sets its width: the output area less room for a vertical scroll bar
+TEXT_COLUMNS = 107
+# A legend under the plot, below the x axis's labels and title whatever they take (the figure's bottom margin
+# grows to hold it), in rows as wide as the plot: `fig.update_layout(width=FIGURE_WIDTH, legend=LEGEND_BELOW)`.
+# A legend at the right takes the plot's width, and at 900 px went past the output area's edge.
+LEGEND_BELOW = dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, xanchor="left")
+
 # Layout keys a frame may change: what a state says (title, annotations, shapes) and where its axes look.
 _FRAME_LAYOUT_KEYS = ("title", "annotations", "shapes")
 
@@ -81,6 +93,26 @@ def _frame_layout(fig: go.Figure, counts: dict[str, int]) -> dict:
     return keep
 
 
+def table_text(frame, width: int = TEXT_COLUMNS, keep: int = 1, **to_string) -> str:
+    """`frame.to_string(index=False)` in blocks of columns no wider than `width` characters, each block
+    repeating the first `keep` columns (which row it is), so a wide table does not wrap in a notebook's
+    output area (TEXT_COLUMNS at 1280 px with JupyterLab's file browser open). `to_string`: pandas' options
+    (float_format, ...). A frame that fits comes back as one block, exactly `frame.to_string(index=False)`."""
+    text = frame.to_string(index=False, **to_string)
+    if max(map(len, text.splitlines()), default=0) <= width or frame.shape[1] <= keep + 1:
+        return text
+    names = list(frame.columns)
+    blocks, current = [], []
+    for name in names[keep:]:
+        trial = frame[names[:keep] + current + [name]].to_string(index=False, **to_string)
+        if current and max(map(len, trial.splitlines())) > width:
+            blocks.append(current)
+            current = []
+        current.append(name)
+    blocks.append(current)
+    return "\n\n".join(frame[names[:keep] + block].to_string(index=False, **to_string) for block in blocks)
+
+
 def stepper(draw, count: int, description: str = "step", interval_ms: int = 500,
             labels: list[str] | None = None) -> go.Figure:
     """One plotly figure with a frame per state, a slider and a play button: it steps with no kernel.
@@ -123,4 +155,5 @@ def stepper(draw, count: int, description: str = "step", interval_ms: int = 500,
     return fig
 
 
-__all__ = ["figure_renderer", "show_source", "source_listing", "stepper"]
+__all__ = ["FIGURE_WIDTH", "LEGEND_BELOW", "OUTPUT_WIDTH", "TEXT_COLUMNS", "figure_renderer", "show_source",
+           "source_listing", "stepper", "table_text"]

@@ -20,9 +20,7 @@ from plotly.subplots import make_subplots
 
 from ..beam import BeamSearcher
 from ..kv.block_manager import BlockEvent
-from . import stepper
-
-FIGURE_WIDTH = 900  # fits a notebook's output area in a 1280 px wide window (and the book's page)
+from . import FIGURE_WIDTH, stepper
 
 
 @dataclass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from . import FIGURE_WIDTH, LEGEND_BELOW
+
 
 def roofline_figure(batches: list[int], measured_ms: list[float], memory_ms: float, compute_ms: list[float],
                     title: str) -> go.Figure:
@@ -16,7 +18,8 @@ def roofline_figure(batches: list[int], measured_ms: list[float], memory_ms: flo
     fig.add_scatter(x=batches, y=compute_ms, mode="lines", name="FLOPs / matmul peak", line=dict(color="#fd8d3c", dash="dot"))
     fig.add_scatter(x=batches, y=floor, mode="lines", name="the roofline (the larger floor)", line=dict(color="#636363"))
     fig.add_scatter(x=batches, y=measured_ms, mode="lines+markers", name="measured", line=dict(color="#d62728"))
-    fig.update_layout(title=title, height=420, width=900, xaxis=dict(type="log", title="rows in the batch", tickvals=batches),
+    fig.update_layout(title=title, height=420, width=FIGURE_WIDTH, legend=LEGEND_BELOW,
+                      xaxis=dict(type="log", title="rows in the batch", tickvals=batches),
                       yaxis=dict(type="log", title="ms per step"))
     return fig
 

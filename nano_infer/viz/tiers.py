@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 
 from ..kv.host_tier import HostTierStats
 from ..core.utils import cdiv
-from . import stepper
+from . import FIGURE_WIDTH, stepper
 
 # states of a block, the values the heatmaps colour
 FREE, RUNNING, CACHED, HOST_CACHED, SWAPPED = range(5)
@@ -222,7 +222,7 @@ def tier_figure(snapshots: list[TierSnapshot], i: int, columns: int = 16, max_ar
                            text=f"(+{more} copies not drawn)", font=dict(size=11)))
     height = 230 + 34 * (device_rows + host_rows + 1)
     fig.update_layout(
-        title=_title(snap), annotations=labels + arrows, height=height, width=900, plot_bgcolor="white",
+        title=_title(snap), annotations=labels + arrows, height=height, width=FIGURE_WIDTH, plot_bgcolor="white",
         margin=dict(t=120, l=40, r=40), legend=dict(orientation="h", y=-0.02, yanchor="top", x=0, font=dict(size=11)),
         xaxis=dict(range=[-0.6, columns - 0.4], showticklabels=False, showgrid=False, zeroline=False),
         yaxis=dict(range=[host_top + host_rows - 0.4, -1.1], showticklabels=False, showgrid=False, zeroline=False))

@@ -3,7 +3,7 @@ import os
 
 import torch
 
-from nano_infer.bench.quiet_profile import profiled, without_usdt_lines
+from nano_infer.bench.quiet_profile import profiled, top_ops, without_usdt_lines
 
 
 def test_plain_profiler_prints_usdt_lines(capfd):
@@ -32,3 +32,21 @@ def test_output_of_the_profiled_block_goes_out_as_it_happens(capfd):
     with profiled():
         os.write(2, b"written inside\n")
         assert capfd.readouterr().err == "written inside\n"
+
+
+def test_top_ops_is_the_profile_table_narrow_enough_for_a_notebook():
+    from nano_infer.viz import TEXT_COLUMNS
+
+    x = torch.randn(64, 64)
+    with profiled() as prof:
+        for _ in range(3):
+            torch.nn.functional.scaled_dot_product_attention(x[None], x[None], x[None]).relu().sum()
+    table = top_ops(prof, rows=4)
+    ops = prof.key_averages()
+    own = sum(e.self_cpu_time_total for e in ops)
+    first = max(ops, key=lambda e: e.self_cpu_time_total)
+    assert len(table) == 4 and table["op"][0] == first.key and table["calls"][0] == first.count
+    assert abs(table["self %"][0] - 100 * first.self_cpu_time_total / own) < 1e-9
+    assert list(table["self ms"]) == sorted(table["self ms"], reverse=True)
+    assert max(map(len, table.round(3).to_string(index=False).splitlines())) <= TEXT_COLUMNS
+    assert max(map(len, prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=4).splitlines())) > TEXT_COLUMNS

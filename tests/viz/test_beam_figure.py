@@ -1,6 +1,7 @@
 """Chapter 11's stepper reads one way: it fits a 1280 px window, counts in rounds as its slider does,
 says block ids as ids, and draws every finished hypothesis inside the rows of the beams."""
 from nano_infer.kv.block_manager import BlockEvent
+from nano_infer.viz import OUTPUT_WIDTH
 from nano_infer.viz.beams import BeamRound, BeamView, Finished, beam_stepper
 
 
@@ -17,9 +18,9 @@ def _rounds():
     return [r1, r2, done]
 
 
-def test_the_figure_fits_a_1280_px_notebook_and_keeps_its_colour_bar_title():
+def test_the_figure_fits_jupyterlabs_output_area_and_keeps_its_colour_bar_title():
     fig = beam_stepper(_rounds())
-    assert fig.layout.width <= 900
+    assert fig.layout.width <= OUTPUT_WIDTH
     heat = next(t for t in fig.data if t.type == "heatmap")
     title = heat.colorbar.title.text
     assert "ref" in title and "count" in title and heat.colorbar.title.side == "top"  # above the bar, not cut at the edge
