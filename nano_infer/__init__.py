@@ -16,6 +16,7 @@ if not _logger.handlers:
 from . import beam, spec  # noqa: F401 - their features register with the engine when imported
 from .async_engine.async_llm import AsyncLLM
 from .beam.params import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
+from .cli.arg_utils import AsyncEngineArgs, EngineArgs  # also nano_infer.engine.arg_utils, as vLLM's path
 from .config import EngineConfig
 from .engine.llm_engine import LLMEngine
 from .llm import LLM
@@ -23,5 +24,5 @@ from .models.loader import default_model
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 
-__all__ = ["AsyncLLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams", "default_model"]
+__all__ = ["AsyncEngineArgs", "AsyncLLM", "EngineArgs", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams", "default_model"]
 __version__ = "0.1.0"

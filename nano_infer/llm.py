@@ -16,7 +16,7 @@ from collections.abc import Sequence as Seq
 from tqdm.auto import tqdm
 
 from .beam import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, length_penalised
-from .text.chat_template import chat_token_ids
+from .text.chat_template import chat_token_ids, template_messages
 from .engine.llm_engine import LLMEngine
 from .inputs import PromptType, TokensPrompt, parse_prompt
 from .outputs import RequestOutput
@@ -72,6 +72,10 @@ class LLM:
             params = [sampling_params or self.get_default_sampling_params()] * len(texts)
         params = [p if salt is None else dataclasses.replace(p, cache_salt=salt) for p, salt in zip(params, salts)]
         return self._add_and_run(list(texts), list(token_ids), params, use_tqdm)
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: forget every cached prefix block (LLMEngine.reset_prefix_cache); True when none is left."""
+        return self.engine.reset_prefix_cache()
 
     def get_tokenizer(self):
         """The Hugging Face tokenizer the engine encodes and decodes with."""
@@ -150,12 +154,11 @@ class LLM:
         """Token ids of a conversation. Control tokens typed in a message's content stay text (a user
         cannot open a system turn) unless `allow_special_tokens=True` (see chat_template).
         `add_generation_prompt`: the argument, else what a `Chat` carries (a server request's), else True."""
-        if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
         kwargs = {"add_generation_prompt": True, **getattr(messages, "template_kwargs", {}), **kwargs}  # a Chat's tools
         if add_generation_prompt is not None:
             kwargs["add_generation_prompt"] = add_generation_prompt
-        return chat_token_ids(self.tokenizer, messages, allow_special_tokens=allow_special_tokens, **kwargs)
+        return chat_token_ids(self.tokenizer, template_messages(messages), allow_special_tokens=allow_special_tokens,
+                              **kwargs)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool | None = None, **template_kwargs) -> list[RequestOutput]:

@@ -1,7 +1,15 @@
 """What `LLM.generate` returns: vLLM's RequestOutput / CompletionOutput shape."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class RequestOutputKind(enum.Enum):
+    """vLLM's SamplingParams.output_kind: what each output of a running request holds."""
+    CUMULATIVE = 0  # everything so far
+    DELTA = 1  # only what is new since the last output
+    FINAL_ONLY = 2  # one output, when the request ends
 
 
 @dataclass

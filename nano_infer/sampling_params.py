@@ -2,12 +2,14 @@
 BeamSearchParams for `LLM.beam_search` (chapter 11)."""
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from .constrained.params import GuidedDecodingParams, StructuredOutputsParams
 from .constrained.token_rules import MAX_TOKEN_RULES, TokenRules, build_token_rules  # noqa: F401 (the server caps by it)
+from .outputs import RequestOutputKind
 
 # Below this temperature, sampling is greedy (as in vLLM): dividing logits by 1e-300 would
 # overflow to inf and turn the softmax into NaN.
@@ -91,6 +93,12 @@ class SamplingParams:
     # vLLM's way to ask for regex / json_schema / choice (and the older guided_decoding): mapped onto them
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: GuidedDecodingParams | None = None
+    # vLLM's: best_of only == n; output_kind (AsyncLLM.generate reads it; LLM.generate returns final outputs);
+    # detokenize=False: token ids and empty text; extra_args: carried along, read by nothing here
+    best_of: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    detokenize: bool = True
+    extra_args: dict[str, Any] | None = None
     # logit_bias and allowed_token_ids as tensors, made by validate(); a field, so that dataclasses.replace
     # (the server's copy with the tenant's cache_salt) hands them on rather than making them again
     token_rules: TokenRules | None = field(default=None, repr=False, compare=False)
@@ -152,6 +160,7 @@ class SamplingParams:
                                             or not 0 < len(self.cache_salt) <= MAX_CACHE_SALT):
             bad("cache_salt", self.cache_salt, f"None or a non-empty string of at most {MAX_CACHE_SALT} characters")
         self._validate_logits_rules(bad)
+        self._validate_vllm_fields(bad)
         kinds = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None]
         if len(kinds) > 1:
             raise ValueError(f"SamplingParams: give at most one of regex, json_schema, choice (got {kinds})")
@@ -178,6 +187,24 @@ class SamplingParams:
                                              f"{MAX_STOP_LENGTH} characters")
         if not isinstance(self.include_stop_str_in_output, bool):
             bad("include_stop_str_in_output", self.include_stop_str_in_output, "True or False")
+
+    def _validate_vllm_fields(self, bad) -> None:
+        if self.best_of is not None and self.best_of != self.n:
+            bad("best_of", self.best_of, f"None or equal to n={self.n}: vLLM's best_of > n samples best_of and returns "
+                                         f"the n most likely, which this engine does not do; ask for n={self.best_of}")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            bad("output_kind", self.output_kind, "a RequestOutputKind (CUMULATIVE, DELTA or FINAL_ONLY)")
+        if self.detokenize is not True and (self.detokenize is not False or self.stop):
+            bad("detokenize", self.detokenize, "True or False, and True with stop strings (searched for in the text)")
+
+    @classmethod
+    def from_optional(cls, **kwargs) -> SamplingParams:
+        """vLLM's constructor where None means "the default" for every argument (as an API request's absent fields)."""
+        return cls(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def clone(self) -> SamplingParams:
+        """A deep copy (vLLM's): changing the copy's lists or dicts leaves this one as it is."""
+        return copy.deepcopy(self)
 
     def compact_token_rules(self) -> TokenRules:
         """logit_bias and allowed_token_ids as TokenRules, made again only where a field was reassigned since."""

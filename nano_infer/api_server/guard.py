@@ -1,8 +1,9 @@
 """The ASGI middleware every request passes before any route: Host, framing, key, tenant, body size.
 
 All of it runs before a byte of the body is read. A server bound to localhost answers only
-requests whose Host header names localhost (compared case-insensitively, and only a well-formed
-`name[:port]` or `[v6][:port]`): a web page the user visits cannot reach it through DNS rebinding.
+requests whose Host header names this machine (localhost, 127.0.0.1, ::1, 0.0.0.0; compared
+case-insensitively, and only a well-formed `name[:port]` or `[v6][:port]`): a web page the user
+visits cannot reach it through DNS rebinding.
 A request with both Content-Length and Transfer-Encoding is refused, as RFC 9112 allows: two
 framings are how a request is smuggled past a proxy that reads the other one. On /v1/* the API key
 is checked next, then the tenant's requests in flight (tenants.py: past its share a request waits,
@@ -40,12 +41,20 @@ TENANT_PATHS = ("/v1/", "/tokenize", "/detokenize")  # a tenant's work: the API 
 _HOST = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[^:\[\]/@\s]+))(?::\d{1,5})?")
 
 
+# "all interfaces": where `--host 0.0.0.0` listens; as an address to connect to, this machine (vLLM's examples'
+# base URL is http://0.0.0.0:8000/v1). No rebinding page carries it as Host: its origin would be this machine.
+ALL_INTERFACES = ("0.0.0.0", "::")
+
+
 def allowed_hosts_for(host: str, extra: tuple[str, ...] = ()) -> tuple[str, ...] | None:
-    """Bound to localhost: only requests addressed to localhost (and `extra`) are answered, which
-    defeats DNS rebinding. Bound to other interfaces: any Host, unless `extra` names some."""
+    """Bound to localhost: only requests addressed to localhost or 0.0.0.0 (and `extra`) are answered, which
+    defeats DNS rebinding. Bound to other interfaces: any Host, unless `extra` names some; bound to all
+    interfaces, 0.0.0.0 is always one."""
     extra = tuple(name.lower() for name in extra)
     if host in LOCAL_HOSTS:
-        return LOCAL_HOSTS + extra
+        return LOCAL_HOSTS + ALL_INTERFACES + extra
+    if extra and host in ALL_INTERFACES:
+        return ALL_INTERFACES + extra
     return extra or None
 
 

@@ -287,7 +287,7 @@ def check_reply_size(echoed: list[int], n: int, max_tokens: int | None, logprobs
     prompt, n x (its echoed tokens + max_tokens) x (logprobs + 1). `echoed` has one count per prompt."""
     if logprobs is None:
         return
-    generated = max_model_len if max_tokens is None else max_tokens
+    generated = max_model_len if max_tokens is None else min(max_tokens, max_model_len)  # capped, as the engine does
     size = sum(n * (tokens + generated) * (logprobs + 1) for tokens in echoed)
     if size > MAX_REPLY_LOGPROBS:
         raise ProtocolError(f"logprobs: the reply could carry {size:,} logprobs (prompts x n x (echoed prompt tokens + "

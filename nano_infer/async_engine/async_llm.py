@@ -44,10 +44,11 @@ from collections.abc import AsyncIterator
 from ..engine.llm_engine import LLMEngine
 from ..engine.stats import EngineStats
 from ..llm import LLM
-from ..outputs import RequestOutput
+from ..outputs import RequestOutput, RequestOutputKind
 from ..sampling_params import SamplingParams
 from .admission import LOGPROB_SHARE, Admission, logprob_entries
 from .chat_limits import check_prompt_size, tokens_per_message
+from .compiler import ConstraintCompiler
 from .fair_queue import FairQueue
 from .inbox import AbortRequest, AddRequest, Shutdown
 from .streams import Deltas, Stream
@@ -69,8 +70,7 @@ class AsyncLLM:
         # prompts waiting to be tokenized, per tenant; past tokenize_backlog, TenantBacklogFull (a 429)
         self._tokenizer_thread = FairQueue(1, tokenize_backlog, "tokenize", duty=TOKENIZE_DUTY)
         tokens_per_message(self.tokenizer)  # measured once now, so the size check before tokenizing only counts
-        self._compile_workers = compile_workers  # None: CompilePool's default
-        self._compile_pool = None  # started by the first constrained request
+        self._compiler = ConstraintCompiler(self.engine, self._tokenizer_thread, compile_workers)  # pool: at first use
         self._inbox: queue.Queue = queue.Queue()
         scheduler = self.engine.scheduler  # engine thread only:
         self._admission = Admission(scheduler.max_num_seqs, scheduler.max_num_batched_tokens, LOGPROB_SHARE)
@@ -81,6 +81,11 @@ class AsyncLLM:
         self._thread.start()
 
     apply_chat_template = LLM.apply_chat_template  # the same template code as the sync API
+
+    @classmethod
+    def from_engine_args(cls, engine_args, **kwargs) -> AsyncLLM:
+        """vLLM's constructor from an AsyncEngineArgs (or EngineArgs): the engine is LLMEngine.from_engine_args'."""
+        return cls(engine=LLMEngine.from_engine_args(engine_args), **kwargs)
 
     @property
     def stats(self) -> EngineStats:
@@ -101,10 +106,10 @@ class AsyncLLM:
         return None
 
     # -- the caller's side (any event loop) ----------------------------------------------------
-    async def generate(self, prompt: str | list[int] | list[dict], params: SamplingParams | None = None,
+    async def generate(self, prompt: str | list[int] | list[dict], sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, *, stream: bool = True, tenant: str | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Run one request; yield RequestOutputs whose outputs hold only what is new.
+                       priority: int = 0, params: SamplingParams | None = None) -> AsyncIterator[RequestOutput]:
+        """Run one request; yield RequestOutputs whose outputs hold only what is new (vLLM's output_kind DELTA).
 
         `prompt` is a string, a list of token ids, or chat messages ([{"role", "content"}]).
         Each yielded output's `text` and `token_ids` are the delta since the previous one
@@ -112,8 +117,13 @@ class AsyncLLM:
         are included. `stream=False` yields once, at the end, with the whole text.
         Bad input raises ValueError at the first iteration. Leaving the loop early (break,
         cancellation, a disconnected client) aborts the request and frees its KV blocks.
-        `tenant` and `priority` decide when it joins the engine (Admission).
+        `tenant` and `priority` decide when it joins the engine (Admission). `sampling_params` is vLLM's
+        name, `params` this package's older one; output_kind FINAL_ONLY is stream=False, CUMULATIVE streams deltas.
         """
+        if params is not None and sampling_params is not None:
+            raise TypeError("give sampling_params or params (the same argument), not both")
+        params = sampling_params if sampling_params is not None else params
+        stream = stream and getattr(params, "output_kind", None) is not RequestOutputKind.FINAL_ONLY
         if self._closed:
             raise EngineUnavailable("AsyncLLM is shut down")
         failure = self.failure()
@@ -121,7 +131,7 @@ class AsyncLLM:
             raise EngineUnavailable(f"the engine cannot serve: {failure}")
         params = params or SamplingParams()
         token_ids = await self.encode(prompt, tenant)
-        index = await self._constraint_index(params, tenant=tenant) if params.constrained else None
+        index = await self._compiler.index(params, tenant=tenant) if params.constrained else None
         s = Stream(request_id or uuid.uuid4().hex, asyncio.get_running_loop())
         self._send(AddRequest(s, tenant, priority, prompt if isinstance(prompt, str) else None, token_ids, params,
                               stream_outputs=stream, constraint_index=index))
@@ -156,21 +166,7 @@ class AsyncLLM:
         """Compile a constraint ahead of the requests that will use it, with no time limit (the
         operator's own): `nano-infer serve` does so for `response_format: json_object`, whose
         regex takes several seconds. A request for it meanwhile waits for this compile."""
-        await self._constraint_index(params, trusted=True)
-
-    async def _constraint_index(self, params: SamplingParams, trusted: bool = False, tenant: str | None = None):
-        if self._compile_pool is None:
-            from ..constrained import ConstraintLimits
-            from ..constrained.compile_pool import CompilePool
-
-            vocab = await self._tokenizer_thread.run(None, lambda: self.engine.vocabulary)
-            with self._lock:
-                if self._closed:  # a pool made now would outlive shutdown(), its workers still starting
-                    raise RuntimeError("AsyncLLM is shut down")
-                if self._compile_pool is None:
-                    limits = self.engine.config.constraint_limits or ConstraintLimits()
-                    self._compile_pool = CompilePool(vocab, limits, workers=self._compile_workers)
-        return await self._compile_pool.index(params, trusted, tenant)
+        await self._compiler.index(params, trusted=True)
 
     def _send(self, message: AddRequest | AbortRequest) -> None:
         with self._lock:
@@ -187,8 +183,7 @@ class AsyncLLM:
                 self._inbox.put(Shutdown())
         self._thread.join(timeout)
         self._tokenizer_thread.close()
-        if self._compile_pool is not None:  # none is made once _closed is set
-            self._compile_pool.close()
+        self._compiler.close()  # and none is made after
 
     # -- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:

@@ -41,13 +41,15 @@ from .output_processor import OutputProcessor
 from .request_stats import RequestStats
 from .sequences import new_sequence
 from .stats import EngineStats, HostTierSnapshot, copy_of
+from .vllm_options import drop_neutral_options
 
 logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
     def __init__(self, model: str | None = None, **kwargs):
-        parts = self.parts = build_engine(EngineConfig.from_kwargs(model, **kwargs))  # checked, then built in order
+        config = EngineConfig.from_kwargs(model, **drop_neutral_options(kwargs))  # vLLM's no-op options: at neutral
+        parts = self.parts = build_engine(config)  # checked, then built in order
         self.config, self.device, self.dtype = parts.config, parts.device, parts.dtype
         self.model_dir, self.gguf_file, self.model_name = parts.model_dir, parts.gguf_file, parts.model_name
         self.hf_config, self.max_model_len, self.vocab_size = parts.hf_config, parts.max_model_len, parts.hf_config.vocab_size
@@ -66,6 +68,21 @@ class LLMEngine:
         self._publish()
         self.startup_line = self._describe(parts)
         logger.info(self.startup_line)
+
+    @classmethod
+    def from_engine_args(cls, engine_args) -> LLMEngine:
+        """vLLM's constructor from an EngineArgs (nano_infer.engine.arg_utils): its fields are the options."""
+        options = {f: getattr(engine_args, f) for f in engine_args.__dataclass_fields__}
+        return cls(options.pop("model"), **options)
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: forget every cached prefix block no request holds (both tiers), e.g. after the weights
+        changed. True when no cached block is left; False while a running request still holds some."""
+        if self.prefix_cache is None:
+            return True
+        self.kv.clear()
+        self._publish()
+        return self.prefix_cache.num_cached_blocks() == 0
 
     def plugin(self, cls: type[EnginePlugin]) -> EnginePlugin | None:
         """The plug-in of this class, if it is on (`engine.plugin(SpeculativeDecoder).stats`)."""
@@ -141,11 +158,8 @@ class LLMEngine:
             raise ValueError(f"prompt has {n_prompt} tokens; the limit is max_model_len - 1 = {self.max_model_len - 1}")
         if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt_token_ids):
             raise ValueError(f"prompt_token_ids must be integers in [0, {self.vocab_size})")
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n_prompt
-        if n_prompt + max_tokens > self.max_model_len:
-            raise ValueError(
-                f"max_tokens={max_tokens} plus the prompt's {n_prompt} tokens exceeds max_model_len={self.max_model_len}; "
-                f"use max_tokens <= {self.max_model_len - n_prompt}")
+        # as vLLM: max_tokens beyond what max_model_len leaves after the prompt is capped there (finish_reason "length")
+        max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - n_prompt)
         if self.config.kv_cache == "paged" and cdiv(n_prompt + max_tokens, self.kv.block_size) > self.kv.num_blocks:
             raise ValueError(
                 f"request needs up to {cdiv(n_prompt + max_tokens, self.kv.block_size)} KV blocks but the pool has "

@@ -243,7 +243,7 @@ class OutputProcessor:
     def _text(self, seq: Sequence) -> str:
         if seq.sampling.detokenizer is not None:
             return seq.sampling.detokenizer.text
-        if seq.is_finished:
+        if seq.is_finished and seq.params.detokenize:  # detokenize=False (vLLM's): token ids only
             return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
         return ""
 

@@ -30,7 +30,7 @@ def new_sequence(req: Request, index: int, device: torch.device, tokenizer: PreT
         state.cumulative_logprob = inherited.cumulative_logprob if inherited else None
     if params.prompt_logprobs is not None and index == 0:
         state.prompt_logprobs = [None]  # the first token has no context to be scored in
-    if req.stream or params.stop:  # text is needed while running; otherwise decode once at the end
+    if (req.stream or params.stop) and params.detokenize:  # text needed while running; else decoded once at the end
         state.detokenizer = IncrementalDetokenizer(tokenizer, params.skip_special_tokens)
     return Sequence(req.request_id, list(req.prompt_token_ids), params, index=index,
                     token_ids=list(parent.token_ids) if parent else [], sampling=state)

@@ -16,7 +16,37 @@ with a newline right after the template's.
 """
 from __future__ import annotations
 
+import json
+
 PLACEHOLDER = "\ue000{}\ue001"  # private-use characters: no template changes them, no user types them
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as OpenAI clients send them, as vLLM hands them to a template: an assistant turn with
+    `tool_calls` may leave `content` out or null (it becomes "", vLLM's text form), and a call's
+    `arguments` JSON text becomes the object templates dump. Anything else without content is refused."""
+    if not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    out = []
+    for i, m in enumerate(messages):
+        calls = m.get("tool_calls") if m["role"] == "assistant" else None
+        if m.get("content") is None and not calls:
+            raise ValueError(f"messages[{i}] has no content (only an assistant message with tool_calls may leave it out)")
+        if m.get("content") is None or calls:
+            m = {**m, "content": m.get("content") or "", **({"tool_calls": [_call(c) for c in calls]} if calls else {})}
+        out.append(m)
+    return out
+
+
+def _call(call: dict) -> dict:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError:
+        return call  # left as the text it is
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 class Chat(list):

@@ -181,8 +181,8 @@ BAD_REQUESTS = [  # (path, body, status, message contains, param)
     ("chat", {"messages": "hello"}, 400, "valid list", "messages"),
     ("chat", {"messages": [{"content": "no role"}]}, 400, "messages.0.role: Field required", "messages"),
     ("chat", {"model": "gpt-4o", "messages": CHAT}, 404, "`gpt-4o` does not exist", "model"),
-    ("chat", {"messages": CHAT, "max_tokens": 10**6}, 400, "exceeds max_model_len", None),
-    ("chat", {"messages": CHAT, "max_tokens": 10**6, "stream": True}, 400, "exceeds max_model_len", None),
+    ("completions", {"prompt": [5] * 512}, 400, "the limit is max_model_len - 1 = 511", "prompt"),  # max_tokens: capped
+    ("completions", {"prompt": [5] * 512, "stream": True}, 400, "the limit is max_model_len - 1 = 511", "prompt"),
     ("chat", {"messages": CHAT, "max_tokens": "many"}, 400, "max_tokens: Input should be a valid integer", "max_tokens"),
     ("chat", {"messages": CHAT, "temperature": "hot"}, 400, "temperature: Input should be a valid number", "temperature"),
     ("chat", {"messages": CHAT, "temperature": -1}, 400, "greater than or equal to 0", "temperature"),
@@ -218,7 +218,14 @@ def test_the_openai_client_raises_its_own_exceptions(client, model):
         client.chat.completions.create(model="gpt-4o", messages=CHAT)
     assert e.value.code == "model_not_found" and e.value.param == "model"
     with pytest.raises(openai.BadRequestError, match="max_model_len"):
-        client.completions.create(model=model, prompt="x", max_tokens=10**6, stream=True)
+        client.completions.create(model=model, prompt=[5] * 600, max_tokens=1, stream=True)
+
+
+def test_max_tokens_beyond_the_context_is_capped_at_what_the_prompt_leaves_as_vllm_does(client, model):
+    """vLLM's server takes min(max_tokens, max_model_len - prompt tokens): a reply that reaches the end of the
+    context finishes with "length"; only a prompt that leaves no room is refused."""
+    out = client.completions.create(model=model, prompt=[5] * 508, max_tokens=10**6, extra_body={"ignore_eos": True})
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.choices[0].finish_reason) == (508, 4, "length")
 
 
 def test_a_client_that_leaves_a_non_streamed_request_aborts_it(server, allm, client, model, monkeypatch):

@@ -38,7 +38,7 @@ def schema_request(schema) -> dict:
 
 
 def compiled(llm) -> dict:
-    return dict(llm._compile_pool.started)
+    return dict(llm._compiler.pool.started)
 
 
 def kept(llm, tenant) -> list:
