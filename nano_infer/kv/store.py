@@ -2,7 +2,11 @@
 
 Attention (models/attention.py) never looks at how K/V is stored. It calls `write(slot_mapping, k, v)`
 with the step's new tokens and `read(block_ids)` for the blocks a table names, and gets K and V back in
-the model's dtype, one row per block ([n, block_size * kv_heads * head_dim]). Two ways to store them:
+the model's dtype, one row per block ([n, block_size * kv_heads * head_dim]). `write` returns the step's
+K/V as the cache will give them back, and attention uses those for the step's own keys too: a token then
+sees the same keys whether they come from this step or from the cache, so chunked prefill, a prefix-cache
+hit, recomputing after preemption and speculative verification give the tokens they give without them,
+with 8-bit K/V as with full precision. Two ways to store them:
 
 - `LayerKV` (kv_cache_dtype="auto"): the pool in the model's dtype. A write is one `index_copy_` into
   the layer's slots; a read is one `index_select` over the layer seen as blocks, which copies a few large
@@ -38,9 +42,10 @@ class LayerKV:
         k_blocks = k_slots.view(-1, block_size * k_slots.shape[1:].numel())
         return cls(k_slots, v_slots, k_blocks, v_slots.view(k_blocks.shape))
 
-    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.k_slots.index_copy_(0, slot_mapping, k)
         self.v_slots.index_copy_(0, slot_mapping, v)
+        return k, v
 
     def read(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_blocks.index_select(0, block_ids), self.v_blocks.index_select(0, block_ids)
@@ -56,11 +61,12 @@ class QuantizedLayerKV:
     kv_cache_dtype: str
     dtype: torch.dtype
 
-    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         (kq, ks), (vq, vs) = quantize(k, self.kv_cache_dtype), quantize(v, self.kv_cache_dtype)
         container = self.values.k_slots.dtype
         self.values.write(slot_mapping, kq.view(container), vq.view(container))
         self.scales.write(slot_mapping, ks, vs)
+        return dequantize(kq, ks, self.dtype), dequantize(vq, vs, self.dtype)
 
     def read(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n, head_dim = block_ids.shape[0], self.values.k_slots.shape[-1]

@@ -160,7 +160,7 @@ class AttentionBackend:
         kv = None
         if self.store is not None:
             kv = self.layer_kv(layer, meta.block_size)
-            kv.write(meta.slot_mapping, k, v)
+            k, v = kv.write(meta.slot_mapping, k, v)  # as the cache gives them back (8-bit K/V: dequantized)
         if not meta.prefills and len(meta.decodes) == 1:  # a decode-only step: no output buffer to fill
             return self._decode_rows(meta.decodes[0], q, k.shape[1], kv)
         out = torch.empty_like(q)
