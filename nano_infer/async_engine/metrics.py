@@ -1,6 +1,10 @@
 """Prometheus metrics of a running engine, read at scrape time (GET /metrics).
 
-The names follow vLLM's (with a `nano_infer_` prefix), so an operator's dashboards carry over.
+Two sets of names, side by side, read from the same record in the same scrape: vLLM's `vllm:*` series
+(engine/vllm_metrics.py: its names, labels `model_name` and `engine`, and its latency histograms' buckets),
+so a vLLM dashboard or alert rule points here unchanged; and the `nano_infer_` series, which name what vLLM
+has no series for (KV blocks, the host tier, forward tokens, steps, the server's 500s and hang-ups) and
+which chapter 08 and the chapter 12 tests read.
 Nothing is counted twice: gauges and counters are read, when Prometheus scrapes, from the
 `EngineStats` the engine published after its last step (engine/stats.py), through a custom
 collector: never from the engine's own objects, which its thread is changing.
@@ -16,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..engine.stats import EngineStats, HostTierSnapshot
+from ..engine.vllm_metrics import vllm_families
 
 
 class EngineMetrics:
@@ -69,6 +74,7 @@ class EngineMetrics:
                       self.internal_errors)
         yield counter("client_hangups", "Clients that closed the connection before their request body arrived.",
                       self.client_hangups)
+        yield from vllm_families(stats, self.model_name)
 
     @staticmethod
     def _tier(tier: HostTierSnapshot, gauge, counter):
