@@ -61,8 +61,8 @@ def without_usdt_lines():
 def top_ops(prof, rows: int = 8, sort_by: str = "self_cpu_time_total"):
     """A pandas frame of the profile's `rows` ops with the most `sort_by` (a FunctionEventAvg attribute, as in
     `key_averages().table(sort_by=...)`): `op`, `self %` (of the ops' own CPU time, torch's "Self CPU %"),
-    `self ms`, `total ms` (with the ops it called), `calls`, `µs per call` (total / calls). About 90 characters
-    wide printed with `to_string(index=False)` where torch's table is 139."""
+    `self ms`, `total ms` (with the ops it called), `calls`, `µs per call` (total / calls), rounded for reading
+    (a tenth of a percent, ms to the µs). About 96 characters wide printed with `to_string(index=False)` where torch's table is 139."""
     import pandas as pd
 
     ops = prof.key_averages()
@@ -73,4 +73,5 @@ def top_ops(prof, rows: int = 8, sort_by: str = "self_cpu_time_total"):
                          "self ms": [e.self_cpu_time_total / 1e3 for e in top],
                          "total ms": [e.cpu_time_total / 1e3 for e in top],
                          "calls": [e.count for e in top],
-                         "µs per call": [e.cpu_time_total / max(1, e.count) for e in top]})
+                         "µs per call": [e.cpu_time_total / max(1, e.count) for e in top]}
+                        ).round({"self %": 1, "self ms": 3, "total ms": 3, "µs per call": 1})

@@ -46,7 +46,7 @@ def test_top_ops_is_the_profile_table_narrow_enough_for_a_notebook():
     own = sum(e.self_cpu_time_total for e in ops)
     first = max(ops, key=lambda e: e.self_cpu_time_total)
     assert len(table) == 4 and table["op"][0] == first.key and table["calls"][0] == first.count
-    assert abs(table["self %"][0] - 100 * first.self_cpu_time_total / own) < 1e-9
+    assert abs(table["self %"][0] - 100 * first.self_cpu_time_total / own) <= 0.05
     assert list(table["self ms"]) == sorted(table["self ms"], reverse=True)
-    assert max(map(len, table.round(3).to_string(index=False).splitlines())) <= TEXT_COLUMNS
+    assert max(map(len, table.to_string(index=False).splitlines())) <= TEXT_COLUMNS
     assert max(map(len, prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=4).splitlines())) > TEXT_COLUMNS
