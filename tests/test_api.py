@@ -40,8 +40,8 @@ def test_bad_requests_raise_and_leave_engine_usable(llm, tokenizer):
         llm.generate(prompt_token_ids=[[]])
     with pytest.raises(ValueError, match=r"\[0, "):
         llm.generate(prompt_token_ids=[[1, 10**6]])
-    with pytest.raises(ValueError, match="max_model_len"):
-        llm.generate(["hello"], SamplingParams(max_tokens=10**6))
+    with pytest.raises(ValueError, match="max_model_len"):  # a prompt that leaves no room (max_tokens is capped, as vLLM)
+        llm.generate(prompt_token_ids=[[5] * 600], sampling_params=SamplingParams(max_tokens=1))
     # a bad request in a batch rejects the batch and leaves nothing queued
     with pytest.raises(ValueError):
         llm.generate(["fine prompt", ""])

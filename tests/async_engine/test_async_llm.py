@@ -93,8 +93,8 @@ def test_bad_input_raises_value_error_and_the_loop_lives_on(allm, ref):
                           ([{"content": "no role"}], "messages"), (42, "prompt must be")]:
         with pytest.raises(ValueError, match=match):
             asyncio.run(collect(allm, prompt))
-    with pytest.raises(ValueError, match="max_model_len"):
-        asyncio.run(collect(allm, "hi", SamplingParams(max_tokens=10**6)))
+    with pytest.raises(ValueError, match="max_model_len"):  # a prompt that leaves no room (max_tokens is capped)
+        asyncio.run(collect(allm, [5] * 600, SamplingParams(max_tokens=1)))
 
     async def duplicate_id():
         first = allm.generate("To be, or not", SamplingParams(temperature=0, max_tokens=400, ignore_eos=True), "dup")
@@ -218,7 +218,7 @@ def test_shutdown_ends_running_requests_and_refuses_new_ones(qwen2_dir):
             await llm.precompile(SamplingParams(regex="(yes|no)"))
 
     asyncio.run(main())
-    assert not llm.is_running and not llm.engine.requests and llm._compile_pool is None
+    assert not llm.is_running and not llm.engine.requests and llm._compiler.pool is None
 
 
 def test_a_constraint_is_compiled_in_a_worker_process(allm, monkeypatch):
