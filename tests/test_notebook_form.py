@@ -45,6 +45,18 @@ def test_every_chapter_after_the_first_has_its_terms_in_the_glossary():
     assert chapters - chapters_cited(glossary) == set()
 
 
+# words chapter 13 uses before (or without) saying what they are: each needs an entry a reader can look up
+CHAPTER_13_WORDS = ["GGUF", "aten calls", "CPU time", "int8 (per row)", "Q4_1", "Q8_0", "Roofline, ridge",
+                    "Memory-bandwidth floor", "CUDA graph"]
+
+
+def test_chapter_13s_words_are_glossary_entries():
+    text = (ROOT / "notebooks" / "README.md").read_text()
+    glossary = text[text.index("## Glossary"):]
+    entries = " ".join(re.findall(r"^- \*\*(.+?)\*\*", glossary, re.M)) + " ".join(re.findall(r'"(.+?)"', glossary))
+    assert [w for w in CHAPTER_13_WORDS if w not in entries] == []
+
+
 def test_the_check_reads_the_three_ways_an_entry_cites_chapters():
     assert chapters_cited("a (chapter 13). b (chapters 03, 04, 12). c, Chapter 09. d (chapters 07 and 08)") == \
         {"13", "03", "04", "12", "09", "07", "08"}
