@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from .beam import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, length_penalised
 from .text.chat_template import chat_token_ids, template_messages
 from .engine.llm_engine import LLMEngine
+from .engine.vllm_metrics import Metric, get_metrics
 from .inputs import PromptType, TokensPrompt, parse_prompt
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -76,6 +77,10 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         """vLLM's: forget every cached prefix block (LLMEngine.reset_prefix_cache); True when none is left."""
         return self.engine.reset_prefix_cache()
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's: the engine's vllm:* series now, as Counter / Gauge / Histogram records (engine/vllm_metrics.py)."""
+        return get_metrics(self.engine)
 
     def get_tokenizer(self):
         """The Hugging Face tokenizer the engine encodes and decodes with."""
