@@ -92,7 +92,7 @@ class AsyncEngineArgs(EngineArgs):
     """vLLM's AsyncEngineArgs: EngineArgs and whether requests are logged (accepted either way: none are here)."""
 
     enable_log_requests: bool = False
-    disable_log_requests: bool = True
+    disable_log_requests: bool = False
 
 
 def _register_vllm_paths() -> None:
