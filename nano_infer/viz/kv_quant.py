@@ -14,6 +14,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from ..engine.memory import StepRecord
+from . import FIGURE_WIDTH, LEGEND_BELOW
 from .timeline import lifecycle_figure
 
 PALETTE = {"per token": "#1f77b4", "per channel": "#ff7f0e"}
@@ -58,7 +59,7 @@ def channel_figure(k: torch.Tensor, v: torch.Tensor, errors: dict[str, dict[str,
     fig.update_yaxes(range=[0, 1.05 * top], row=2, col=2)
     fig.update_xaxes(title_text=f"channel ({heads} KV heads x {dim})", row=2)
     fig.update_layout(
-        title=title, height=620, legend=dict(orientation="h", y=-0.12, x=0.5, xanchor="center", title="scales:"),
+        title=title, width=FIGURE_WIDTH, height=640, legend=dict(LEGEND_BELOW, title="scales:"),
         coloraxis1=dict(colorscale="Viridis", cmin=0, colorbar=dict(x=0.455, len=0.55, y=0.78, thickness=10)),
         coloraxis2=dict(colorscale="Viridis", cmin=0, colorbar=dict(x=1.0, len=0.55, y=0.78, thickness=10)))
     return fig
@@ -88,5 +89,5 @@ def running_side_by_side(histories: dict[str, list[StepRecord]], num_requests: i
         elif trace.showlegend:
             seen.add(trace.name)
     fig.update_yaxes(title_text="requests", range=[0, num_requests * 1.08], row=1, col=1)
-    fig.update_layout(title=title, height=360)
+    fig.update_layout(title=title, width=FIGURE_WIDTH, height=400, legend=LEGEND_BELOW)
     return fig
