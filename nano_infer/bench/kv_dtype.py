@@ -35,6 +35,7 @@ from .prefix import SCENE_NOTES, questions
 from .timing import interleaved, verdict
 
 DTYPES = ("int8", "fp8_e4m3", "fp8_e5m2")
+OUTLIER_CHANNEL = 5  # the channel `with_outlier_channel` scales
 CHUNK = 16  # prefill chunk (tokens per step) of the scoring engines: most keys a token attends to are cached
 
 
@@ -111,23 +112,27 @@ def model_keys(llm, token_ids: list[int]) -> list[torch.Tensor]:
     return recorder.keys
 
 
-def per_token_error(k: torch.Tensor, kv_cache_dtype: str) -> float:
-    """||K - K'|| / ||K|| with one scale per token and head (the engine's layout)."""
-    values, scales = quantize(k, kv_cache_dtype)
-    return float((dequantize(values, scales, torch.float32) - k).norm() / k.norm())
+def per_token(k: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
+    """K quantized and read back with one scale per token and head (the engine's layout)."""
+    return dequantize(*quantize(k, kv_cache_dtype), torch.float32)
 
 
-def per_channel_error(k: torch.Tensor, kv_cache_dtype: str, block_size: int = 16) -> float:
-    """||K - K'|| / ||K|| with one scale per channel and head over each block of `block_size` tokens (a
-    trailing partial block is left out)."""
+def per_channel(k: torch.Tensor, kv_cache_dtype: str, block_size: int = 16) -> torch.Tensor:
+    """K quantized and read back with one scale per channel and head over each block of `block_size` tokens
+    (KIVI's layout for keys; a trailing partial block is left out, so the result may be shorter)."""
     T = k.shape[0] // block_size * block_size
     blocks = k[:T].reshape(T // block_size, block_size, *k.shape[1:]).permute(0, 2, 3, 1)  # [n, KVH, D, tokens]
-    values, scales = quantize(blocks, kv_cache_dtype)
-    back = dequantize(values, scales, torch.float32).permute(0, 3, 1, 2).reshape(T, *k.shape[1:])
-    return float((back - k[:T]).norm() / k[:T].norm())
+    back = dequantize(*quantize(blocks, kv_cache_dtype), torch.float32)
+    return back.permute(0, 3, 1, 2).reshape(T, *k.shape[1:])
 
 
-def with_outlier_channel(k: torch.Tensor, channel: int = 5, factor: float = 20.0) -> torch.Tensor:
+def relative_error(k: torch.Tensor, back: torch.Tensor, channels: torch.Tensor) -> float:
+    """||K - K'|| / ||K|| over the given channels (a bool mask over head_dim)."""
+    k = k[: back.shape[0], ..., channels]
+    return float((back[..., channels] - k).norm() / k.norm())
+
+
+def with_outlier_channel(k: torch.Tensor, channel: int = OUTLIER_CHANNEL, factor: float = 20.0) -> torch.Tensor:
     """K with one channel (of every head) `factor` times larger: the outlier channels KIVI and KVQuant report."""
     k = k.clone()
     k[..., channel] *= factor
@@ -135,17 +140,25 @@ def with_outlier_channel(k: torch.Tensor, channel: int = 5, factor: float = 20.0
 
 
 def k_scale_study(keys: list[torch.Tensor], dtypes=("int8", "fp8_e4m3"), block_size: int = 16) -> list[dict]:
-    """Per dtype, per-token vs per-channel-per-block relative error of K (mean over layers), for the model's own
-    keys and for the same keys with an outlier channel planted; the largest channel-to-median amax ratio says
-    how outlying the model's own channels are."""
-    amax = torch.stack([k.abs().amax(dim=(0, 1)) for k in keys])  # [layers, head_dim]
-    spread = float((amax.amax(-1) / amax.median(-1).values).max())
+    """Per dtype, the relative error of K (mean over layers) with per-token and with per-channel-per-block scales,
+    for the model's own keys and for the same keys with an outlier channel planted: over all channels, and over
+    the other channels (an outlier makes a per-token scale coarse for every channel beside it). The largest
+    channel-to-median amax ratio says how outlying the channels are."""
+    others = torch.ones(keys[0].shape[-1], dtype=torch.bool)
+    others[OUTLIER_CHANNEL] = False
+    everything = torch.ones_like(others)
     rows = []
     for label, ks in (("model K", keys), ("outlier K", [with_outlier_channel(k) for k in keys])):
+        amax = torch.stack([k.abs().amax(dim=(0, 1)) for k in ks])  # [layers, head_dim]
+        spread = float((amax.amax(-1) / amax.median(-1).values).max())
         for d in dtypes:
-            rows.append(dict(keys=label, kv_cache_dtype=d, channel_amax_over_median=spread,
-                             per_token=statistics.fmean(per_token_error(k, d) for k in ks),
-                             per_channel=statistics.fmean(per_channel_error(k, d, block_size) for k in ks)))
+            backs = {"per_token": [per_token(k, d) for k in ks], "per_channel": [per_channel(k, d, block_size) for k in ks]}
+            row = dict(keys=label, kv_cache_dtype=d, channel_amax_over_median=spread)
+            for name, channels in (("", everything), ("_other_channels", others)):
+                for layout, back in backs.items():
+                    row[layout + name] = statistics.fmean(
+                        relative_error(k, b, channels) for k, b in zip(ks, back))
+            rows.append(row)
     return rows
 
 
@@ -223,8 +236,9 @@ def main(argv: list[str] | None = None) -> dict:
               f"(max {a['max_abs_dlogprob']:.3f}), top-1 agreement {a['top1_agreement']:.1%}")
     result["k_scales"] = k_scale_study(model_keys(ref, token_ids))
     for r in result["k_scales"]:
-        print(f"{r['keys']:9s} {r['kv_cache_dtype']:8s} relative error: per token {r['per_token']:.4f}, per channel "
-              f"per block {r['per_channel']:.4f} (largest channel amax / median {r['channel_amax_over_median']:.1f})")
+        print(f"{r['keys']:9s} {r['kv_cache_dtype']:8s} relative error per token {r['per_token']:.4f} / per channel "
+              f"per block {r['per_channel']:.4f}; other channels {r['per_token_other_channels']:.4f} / "
+              f"{r['per_channel_other_channels']:.4f} (largest channel amax / median {r['channel_amax_over_median']:.1f})")
     run = compare_preemption(args.model, rounds=args.rounds, **{k: v for k, v in weights.items() if k != "dtype"})
     print(f"KV budget {run.kv_cache_memory / 2**20:.2f} MiB for a workload needing {run.tokens_needed:,} tokens:")
     for d in run.seconds:
