@@ -29,8 +29,9 @@ SCALE_DTYPE = torch.float16
 # what a quantized pool's bytes are kept as: every 8-bit format, viewed as its own dtype to convert (CPU torch
 # has no index_copy_ for float8)
 CONTAINER_DTYPE = torch.int8
-# the smallest scale kept: a zero (or tiny) vector must not divide by zero nor round its scale to 0 in float16
-MIN_SCALE = torch.finfo(SCALE_DTYPE).tiny
+# the scales kept: a zero (or tiny) vector must not divide by zero nor round its scale to 0 in float16, and a
+# vector past float16's range saturates at the format's max instead of turning into inf and NaN
+MIN_SCALE, MAX_SCALE = torch.finfo(SCALE_DTYPE).tiny, torch.finfo(SCALE_DTYPE).max
 
 
 def canonical(kv_cache_dtype: str) -> str:
@@ -67,7 +68,7 @@ def quantize(x: torch.Tensor, kv_cache_dtype: str) -> tuple[torch.Tensor, torch.
     the float16 rounding of the scale can reach by a hair)."""
     store, qmax = _FORMATS[canonical(kv_cache_dtype)]
     amax = x.abs().amax(dim=-1).float()
-    scales = (amax / qmax).clamp(min=MIN_SCALE).to(SCALE_DTYPE)
+    scales = (amax / qmax).clamp(MIN_SCALE, MAX_SCALE).to(SCALE_DTYPE)
     scaled = (x.float() / scales.float().unsqueeze(-1)).clamp(-qmax, qmax)
     if store == torch.int8:
         scaled = scaled.round()

@@ -62,6 +62,13 @@ def test_the_largest_magnitude_of_a_vector_maps_to_the_formats_largest_value():
         assert abs(scales.item() - 12.0 / top) <= 12.0 / top * 2**-10  # float16 keeps 11 bits of the scale
 
 
+def test_a_vector_beyond_float16s_range_saturates_instead_of_turning_into_nan():
+    x = torch.tensor([[1e9, -3e8, 1.0]])
+    for d in QUANTIZED:
+        back = dequantize(*quantize(x, d), torch.float32)
+        assert back.isfinite().all() and back[0, 0] > 1e6 and back[0, 1] < 0
+
+
 def test_bytes_per_token_count_the_scales():
     """SmolLM2-135M: 30 layers x 2 x 3 KV heads; 64 values of 2 bytes (bf16), or 64 of 1 byte + a 2-byte scale."""
     assert kv_bytes_per_token(30, 3, 64, torch.bfloat16) == 30 * 2 * 3 * 128
