@@ -76,8 +76,12 @@ def quantize(x: torch.Tensor, kv_cache_dtype: str) -> tuple[torch.Tensor, torch.
 
 
 def dequantize(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """values [..., head_dim] (int8 or float8), scales [...] -> values * scale, in `dtype` (the model's)."""
-    return values.to(dtype) * scales.to(dtype).unsqueeze(-1)
+    """values [..., head_dim] (int8 or float8), scales [...] -> values * scale, in `dtype` (the model's).
+
+    int8 times a `dtype` tensor converts inside the multiply (type promotion): one pass over the values
+    instead of a conversion and then a multiply, the same numbers. torch promotes no float8, so those convert first."""
+    scales = scales.to(dtype).unsqueeze(-1)
+    return values * scales if values.dtype == torch.int8 else values.to(dtype) * scales
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, model_dtype: torch.dtype,
