@@ -273,3 +273,13 @@ def test_accuracy_on_smollm2():
     tokenizer = bench.scoring_llm(GGUF, dtype="float32", quantization="none").tokenizer
     check_accuracy(GGUF, bench.evaluation_token_ids(tokenizer, 160), SMOLLM2_LIMITS, dtype="float32",
                    quantization="none")
+
+
+def test_the_static_decode_step_a_cuda_graph_records_quantizes_as_the_eager_one(qwen2_dir, plain_int8):
+    """On a CPU `capture=False` runs the step a graph would record (static buffers, padding rows that repeat the
+    first sequence and write its slot again): with int8 K/V it must give the eager step's tokens."""
+    ps, want = plain_int8
+    llm = int8(qwen2_dir, prefix_cache=None, block_size=4)
+    llm.engine.runner.capture_decode(llm.engine.max_model_len, capture=False)
+    assert greedy_tokens(llm, ps) == want
+    assert {b for b, _ in llm.engine.runner.graphs.steps} == {8}  # 5 sequences padded to 8: the padded path ran
