@@ -7,6 +7,7 @@ runs for real; a `nano-infer serve` line would serve forever, so its options are
 `--help` appended; `make` lines are what `make test` itself runs; the two-machine torchrun line needs two machines.
 """
 import code
+import concurrent.futures
 import contextlib
 import io
 import re
@@ -83,18 +84,32 @@ def test_notebooks_readme_python_runs():
     assert "top_k_top_p_filter: not yet right" in "".join(run_python_blocks(ROOT / "notebooks/README.md"))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("argv", shell_lines(ROOT / "README.md", "nano-infer"), ids=shlex.join)
-def test_readme_command_lines_work(argv):
+def run_command_line(argv: list[str]) -> tuple[list[str], subprocess.CompletedProcess | str]:
+    """The README's `nano-infer` line as a reader runs it (shorter, or `--help` for `serve`), or why it cannot run."""
     if "--model" in argv and not (ROOT / argv[argv.index("--model") + 1]).exists():
-        pytest.skip(f"{argv[argv.index('--model') + 1]} is missing: `make models` fetches it (make test does)")
+        return argv, f"{argv[argv.index('--model') + 1]} is missing: `make models` fetches it (make test does)"
     if argv[1] == "serve":  # would serve until stopped: check that it takes these options
         argv = argv + ["--help"]
     elif "--max-tokens" not in argv:
         argv = argv + ["--max-tokens", "8"]  # the same command, shorter
-    done = subprocess.run([str(NANO_INFER), *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip(), "printed nothing"
+    return argv, subprocess.run([str(NANO_INFER), *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_readme_command_lines_work():
+    """Every `nano-infer` line, two at a time: each process mostly waits on its imports and model load."""
+    lines = shell_lines(ROOT / "README.md", "nano-infer")
+    assert len(lines) >= 6
+    missing = []
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for argv, done in pool.map(run_command_line, lines):
+            if isinstance(done, str):
+                missing.append(done)
+                continue
+            assert done.returncode == 0, (shlex.join(argv), done.stderr[-2000:])
+            assert done.stdout.strip(), (shlex.join(argv), "printed nothing")
+    if missing:
+        pytest.skip("; ".join(missing))
 
 
 def test_the_tier_snippet_prints_host_hits_and_copies():

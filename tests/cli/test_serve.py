@@ -49,7 +49,9 @@ def test_stopping_serve_leaks_nothing_and_prints_no_traceback(qwen2_dir, stop):
     assert proc.returncode == 0, err
 
 
-MODES = {"tp1": [], "tp1-tier": ["--kv-offloading-size", "0.01"], "tp2": ["--tensor-parallel-size", "2"],
+# One process and two ranks, each with a host tier: the tier adds its pool and plug-in to what starts and stops,
+# so these cover every part a plain server starts too.
+MODES = {"tp1-tier": ["--kv-offloading-size", "0.01"],
          "tp2-tier": ["--tensor-parallel-size", "2", "--kv-offloading-size", "0.01"]}
 
 

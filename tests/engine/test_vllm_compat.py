@@ -1,4 +1,4 @@
-"""vLLM's offline names with vLLM's meanings (issue 50, items 5 and 6): EngineArgs and its parser, the options
+"""vLLM's offline names with vLLM's meanings: EngineArgs and its parser, the options
 that mean nothing here, reset_prefix_cache, max_tokens capped at the context, SamplingParams' vLLM fields,
 an assistant turn with tool_calls and no content, AsyncLLM.generate(sampling_params=), Host: 0.0.0.0."""
 import asyncio
