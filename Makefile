@@ -10,7 +10,7 @@ GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup lab test test-unit test-fast test-notebooks test-notebooks-even test-notebooks-odd test-book test-gpu gpu-wheels notebooks book chromium bench bench-ab models lm-eval llama-cpp tiny-model tiny-draft clean
+.PHONY: setup lab test test-unit test-fast test-notebooks test-book test-gpu gpu-wheels notebooks book chromium bench bench-ab models lm-eval llama-cpp tiny-model tiny-draft clean
 
 setup: $(STAMP)
 
@@ -24,11 +24,10 @@ $(STAMP): pyproject.toml constraints.txt
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Once the unit tests pass (they run alone: timed attacks among them), the notebooks run in two halves side by
-# side with the book, which is built from the committed notebooks, not from nbval's runs. A chapter's kernel
-# mostly runs torch on one thread or waits on its own start-up, so two share the cores well.
+# Once the unit tests pass (they run alone: timed attacks among them), the notebooks run beside the book, which
+# is built from the committed notebooks, not from nbval's runs.
 test: test-unit
-	$(MAKE) -j3 test-notebooks-even test-notebooks-odd test-book
+	$(MAKE) -j2 test-notebooks test-book
 
 test-unit: setup models lm-eval chromium
 	CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests -q
@@ -40,12 +39,6 @@ test-fast: setup
 # nbval re-runs every notebook and checks its asserts; outputs are compared loosely (--nbval-lax).
 test-notebooks: setup
 	$(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks/
-
-NBVAL := $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env
-test-notebooks-even: setup
-	$(NBVAL) $(wildcard notebooks/[0-9][02468]_*.ipynb)
-test-notebooks-odd: setup
-	$(NBVAL) $(wildcard notebooks/[0-9][13579]_*.ipynb)
 
 # Build the book from the committed notebooks and check it in headless chromium.
 test-book: book chromium

@@ -23,13 +23,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import pickle
 import sys
 from collections import Counter
 from pathlib import Path
 
 import torch
 
+from .gguf_reads import read_from_gguf
 from .quantization import (describe_weights, install_quantized, quantize_weight, quantized_linear,
                            resolve_quantization)
 
@@ -91,7 +91,7 @@ def load_tokenizer(model_dir: Path, gguf_file: str | None, tokenizer: str | None
     if tokenizer is not None:
         folder = Path(tokenizer).expanduser()  # a tokenizer's folder need not hold a config.json
         return AutoTokenizer.from_pretrained(folder if folder.is_dir() else resolve_model_dir(tokenizer))
-    return _from_gguf(AutoTokenizer, model_dir / gguf_file) if gguf_file else AutoTokenizer.from_pretrained(model_dir)
+    return read_from_gguf(AutoTokenizer, model_dir / gguf_file) if gguf_file else AutoTokenizer.from_pretrained(model_dir)
 
 
 def eos_token_ids(model_dir: Path, tokenizer) -> set[int]:
@@ -133,26 +133,10 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype | None) -> tuple[t
 def load_config(model_dir: Path, gguf_file: str | None = None):
     from transformers import AutoConfig
 
-    config = _from_gguf(AutoConfig, model_dir / gguf_file) if gguf_file else AutoConfig.from_pretrained(model_dir)
+    config = read_from_gguf(AutoConfig, model_dir / gguf_file) if gguf_file else AutoConfig.from_pretrained(model_dir)
     if config.model_type not in SUPPORTED:
         raise ValueError(f"model_type {config.model_type!r} is not supported; nano_infer runs {sorted(SUPPORTED)}")
     return config
-
-
-def _from_gguf(auto_class, path: Path):
-    """What transformers reads from a GGUF file, its config or its tokenizer (built from the file's vocabulary and
-    merges, far slower than unpickling the result). The first read is kept pickled (for the tokenizer a fraction of
-    its size as an object), and a later engine on the same file and version gets a copy of it."""
-    stat = path.stat()
-    key = (auto_class.__name__, str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-    if key in _GGUF_READS:
-        return pickle.loads(_GGUF_READS[key])
-    read = auto_class.from_pretrained(path.parent, gguf_file=path.name)
-    _GGUF_READS[key] = pickle.dumps(read)
-    return read
-
-
-_GGUF_READS: dict[tuple, bytes] = {}
 
 
 def _fused_name(name: str) -> tuple[str, int | None]:

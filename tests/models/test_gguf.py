@@ -106,3 +106,37 @@ def test_a_second_engine_on_the_file_gets_its_own_copy_of_its_tokenizer(llm, mon
     assert tokenizer(text)["input_ids"] == llm.tokenizer(text)["input_ids"]
     tokenizer.chat_template = "{{ 'changed' }}"
     assert loader.load_tokenizer(GGUF.parent, GGUF.name).chat_template == llm.tokenizer.chat_template
+
+
+def test_a_later_process_loads_the_files_config_and_tokenizer_saved_in_transformers_format(monkeypatch, tmp_path):
+    """The first read of the file is saved under the cache (here tmp_path); a process that finds it there
+    does not parse the file again, and gets the same config, encoding, special tokens and chat template."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from nano_infer.models import gguf_reads
+
+    monkeypatch.setenv("NANO_INFER_CACHE", str(tmp_path))
+    monkeypatch.setattr(gguf_reads, "_READS", {})
+    first = {cls: gguf_reads.read_from_gguf(cls, GGUF) for cls in (AutoConfig, AutoTokenizer)}
+    monkeypatch.setattr(gguf_reads, "_READS", {})  # a new process: nothing in memory
+    for cls in (AutoConfig, AutoTokenizer):
+        original = cls.from_pretrained.__func__
+
+        def from_pretrained(klass, *args, original=original, **kwargs):
+            assert "gguf_file" not in kwargs, "the file was parsed again"
+            return original(klass, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(from_pretrained))
+    config, tokenizer = (gguf_reads.read_from_gguf(cls, GGUF) for cls in (AutoConfig, AutoTokenizer))
+    drop = {"_name_or_path", "transformers_version"}
+    assert {k: v for k, v in config.to_dict().items() if k not in drop} == \
+        {k: v for k, v in first[AutoConfig].to_dict().items() if k not in drop}
+    was = first[AutoTokenizer]
+    assert len(tokenizer) == len(was) and tokenizer.chat_template == was.chat_template
+    assert tokenizer.all_special_tokens == was.all_special_tokens and tokenizer.eos_token_id == was.eos_token_id
+    chat = [{"role": "user", "content": "Tokenizers split text: Paris, 1,024 and naïve.\n\n  Spaces, 中文."}]
+    assert tokenizer.apply_chat_template(chat, add_generation_prompt=True) == was.apply_chat_template(
+        chat, add_generation_prompt=True)
+    text = "<|im_start|>system\nWho's there?<|im_end|> \t tabs, émojis 🙂 and 12345678"
+    assert tokenizer(text)["input_ids"] == was(text)["input_ids"]
+    assert tokenizer.decode(was(text)["input_ids"]) == was.decode(was(text)["input_ids"])
