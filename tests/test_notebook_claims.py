@@ -160,3 +160,15 @@ def test_each_printed_ratio_is_its_medians_ratio(path):
 ])
 def test_the_reader_refuses_a_ratio_its_numbers_deny(line, ok):
     assert (check(line) is None) == ok
+
+
+def test_chapter_01s_table_ratio_is_its_medians_ratio():
+    """Chapter 01 prints its comparison as a table: each row's none / contiguous is the two medians beside it."""
+    row = re.compile(r"^\s*\d+ \|\s+[\d,]+\s+\d+ \|\s+(\d+\.\d+)\s+(\d+\.\d+) \|\s+(\d+\.\d)x$")
+    path = next(p for p in NOTEBOOKS if p.stem.startswith("01_"))
+    rows = [m for line in output_lines(path) if (m := row.match(line))]
+    assert len(rows) >= 4
+    for m in rows:
+        (none, d1), (contiguous, d2) = value(m[1]), value(m[2])
+        low, high = (none - d1) / (contiguous + d2), (none + d1) / (contiguous - d2)
+        assert low - 0.05 <= float(m[3]) <= high + 0.05, m.group(0)
