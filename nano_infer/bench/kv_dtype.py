@@ -32,7 +32,7 @@ from ..models.loader import load_config, resolve_model
 from ..sampling_params import SamplingParams
 from .llamacpp import DEFAULT_GGUF
 from .prefix import SCENE_NOTES, questions
-from .timing import interleaved, verdict
+from .timing import Comparison, interleaved
 
 DTYPES = ("int8", "fp8_e4m3", "fp8_e5m2")
 OUTLIER_CHANNEL = 5  # the channel `with_outlier_channel` scales
@@ -182,12 +182,10 @@ class PreemptionResult:
     preemptions: dict[str, int]  # per dtype, in the first round (each round runs the same work)
     seconds: dict[str, list[float]] = field(default_factory=dict)  # per dtype, one per round
 
-    def ratio(self, dtype: str, baseline: str = "auto") -> float:
-        return statistics.median(self.seconds[baseline]) / statistics.median(self.seconds[dtype])
-
-    def verdict(self, dtype: str, baseline: str = "auto") -> str:
-        rounds = [b / s for b, s in zip(self.seconds[baseline], self.seconds[dtype])]
-        return verdict(rounds, 1.0, f"{dtype} faster", f"{dtype} slower")
+    def comparison(self, dtype: str, baseline: str = "auto") -> Comparison:
+        """The baseline's time over `dtype`'s, said as every timed comparison is (`timing.Comparison`)."""
+        return Comparison(baseline, dtype, self.seconds[baseline], self.seconds[dtype], 1.0, f"{dtype} faster",
+                          f"{dtype} slower")
 
 
 def compare_preemption(model, dtypes=("auto", "int8", "fp8_e4m3"), num_requests: int = 16, prompt_tokens: int = 64,
@@ -245,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
         line = (f"  {d:9s} {run.pool_tokens[d]:6,} tokens in the pool, {run.preemptions[d]:3} preemptions, "
                 f"{statistics.median(run.seconds[d]):.2f} s")
         if d != "auto":
-            line += f"; auto / {d} = {run.ratio(d):.2f}x -> {run.verdict(d)}"
+            line += "; " + run.comparison(d).text(unit="s", scale=1)
         print(line)
     result["preemption"] = vars(run)
     if args.json:
