@@ -55,6 +55,9 @@ class EngineConfig:
     log_blocks: bool = False
     record_steps: bool = False
     tensor_parallel_size: int = 1  # ranks that each hold a shard of every layer (chapter 10)
+    # a Mixture-of-Experts model under tensor_parallel_size (vLLM's knob): False = every rank a slice of every
+    # expert; True = every rank whole experts, num_experts / tensor_parallel_size of them (chapter 15)
+    enable_expert_parallel: bool = False
     distributed_backend: str | None = None  # default: "nccl" on CUDA, "gloo" on CPU
     distributed_timeout: float = 300.0  # seconds a step (or start-up) waits for a rank before it fails
     speculative_config: dict | None = None  # {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}
@@ -162,7 +165,11 @@ class EngineConfig:
 
     def check_model(self, hf_config, gguf_file: str | None) -> int:
         """The checks that need the model's shapes (config.json, read before the weights); returns max_model_len."""
-        check_tp_sizes(hf_config, self.tensor_parallel_size)
+        check_tp_sizes(hf_config, self.tensor_parallel_size, self.enable_expert_parallel)
+        if self.quantization in ("int8", "int4") and getattr(hf_config, "num_experts", 0):
+            raise ValueError(f"quantization={self.quantization!r} quantizes dense linear layers, and most of a "
+                             f"Mixture-of-Experts model's weights are its experts, which stay in the model's dtype: "
+                             f"use quantization=None")
         if self.tensor_parallel_size > 1 and gguf_file:
             raise ValueError("a GGUF checkpoint with tensor_parallel_size > 1 is not supported; use the safetensors one")
         if self.quantization == "gguf" and not gguf_file:
@@ -184,7 +191,7 @@ def _one_of(name: str, value, choices: tuple) -> None:
         raise ValueError(f"{name}={value!r} is invalid: use one of {listed}")
 
 
-def check_tp_sizes(config, world_size: int) -> None:
+def check_tp_sizes(config, world_size: int, expert_parallel: bool = False) -> None:
     """ValueError naming the constraint when the model cannot be cut into `world_size` equal shards."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"tensor_parallel_size={world_size!r} must be an integer >= 1")
@@ -197,6 +204,17 @@ def check_tp_sizes(config, world_size: int) -> None:
                          f"the other (KV heads are split when tp divides them, replicated when they divide tp)")
     if config.intermediate_size % world_size:
         raise ValueError(f"tensor_parallel_size={world_size} must divide intermediate_size={config.intermediate_size}")
+    experts = getattr(config, "num_experts", 0)
+    if expert_parallel and experts % world_size:
+        raise ValueError(f"enable_expert_parallel with tensor_parallel_size={world_size} must divide "
+                         f"num_experts={experts} (every rank holds the same number of whole experts)")
+    inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    if experts and not expert_parallel and inter % world_size:
+        raise ValueError(f"tensor_parallel_size={world_size} must divide the experts' intermediate size {inter} "
+                         f"(or set enable_expert_parallel=True to give each rank whole experts)")
+    if getattr(config, "model_type", None) == "olmoe" and kv_heads % world_size:
+        raise ValueError(f"tensor_parallel_size={world_size} must divide num_key_value_heads={kv_heads} for OLMoE: "
+                         f"its key norm spans all KV heads, so they are split, never replicated")
 
 
 # -- speculative_config: vLLM's dict, parsed and checked before anything is loaded ----------------------------

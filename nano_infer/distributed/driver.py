@@ -17,7 +17,8 @@ from .shard import TPShard
 from .worker import StepExecutor, WorkerConfig
 
 
-def driver_shard(size: int, device: torch.device) -> tuple[TPShard | None, Launch | None, torch.device]:
+def driver_shard(size: int, device: torch.device,
+                 expert_parallel: bool = False) -> tuple[TPShard | None, Launch | None, torch.device]:
     """(rank 0's shard, the torchrun job or None, rank 0's device); no shard for one process."""
     if size == 1:
         return None, None, device
@@ -31,7 +32,7 @@ def driver_shard(size: int, device: torch.device) -> tuple[TPShard | None, Launc
     if device.type == "cuda":
         device = torch.device("cuda", launch.local_rank if launch else 0)
         torch.cuda.set_device(device)
-    return TPShard(0, size), launch, device
+    return TPShard(0, size, expert_parallel=expert_parallel), launch, device
 
 
 def start_workers(cfg: EngineConfig, shard: TPShard, launch: Launch | None,
@@ -45,5 +46,6 @@ def start_workers(cfg: EngineConfig, shard: TPShard, launch: Launch | None,
     worker = WorkerConfig(build_runner=build_runner, model=model, dtype=dtype, device_type=device.type,
                           max_model_len=max_model_len, num_blocks=num_blocks, num_host_blocks=num_host_blocks,
                           block_size=block_size, attention=cfg.attention,
-                          kv_cache_dtype=cfg.kv_cache_dtype, num_threads=threads)
+                          kv_cache_dtype=cfg.kv_cache_dtype, num_threads=threads,
+                          expert_parallel=shard.expert_parallel)
     return TPExecutor(shard, worker, cfg.distributed_backend or default_backend(device.type), cfg.distributed_timeout)

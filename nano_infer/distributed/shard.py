@@ -16,6 +16,10 @@ A decoder layer is cut so that each rank talks to the others only twice:
 KV heads are split when `num_key_value_heads` divides by the number of ranks. Otherwise (more
 ranks than KV heads, e.g. 4 ranks and 2 KV heads) each rank keeps the one KV head its query
 heads read, so a KV head is replicated on `world_size // num_key_value_heads` ranks.
+
+A Mixture-of-Experts layer (models/moe.py) is cut like the MLP, every expert's features split
+across the ranks, or with `expert_parallel` by whole experts: each rank holds `num_experts /
+world_size` of them and reads none of the others' tensors. The router is whole on every rank.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ class TPShard:
     rank: int
     world_size: int
     group: dist.ProcessGroup | None = None
+    expert_parallel: bool = False  # whole experts per rank (vLLM's enable_expert_parallel), not slices of each
 
     # -- what this rank holds ----------------------------------------------------------------------
     def q_heads(self, config) -> tuple[int, int]:
@@ -56,6 +61,30 @@ class TPShard:
         n = config.intermediate_size // self.world_size
         return self.rank * n, n
 
+    def experts(self, config) -> tuple[int, int]:
+        """(first expert, number of experts) on this rank: a share of them with expert parallelism, else all."""
+        experts = getattr(config, "num_experts", 0)
+        if not self.expert_parallel:
+            return 0, experts
+        n = experts // self.world_size
+        return self.rank * n, n
+
+    def expert_features(self, config) -> tuple[int, int]:
+        """(first, count) of each expert's intermediate features on this rank: all of them with expert parallelism."""
+        inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+        if self.expert_parallel:
+            return 0, inter
+        n = inter // self.world_size
+        return self.rank * n, n
+
+    def holds(self, name: str, config) -> bool:
+        """Whether this rank reads the checkpoint tensor `name` at all: with expert parallelism, not another
+        rank's experts."""
+        if ".experts." not in name:
+            return True
+        first, n = self.experts(config)
+        return first <= int(name.split(".experts.")[1].split(".")[0]) < first + n
+
     def vocab_rows(self, config) -> int:
         """Rows of the embedding and LM head on every rank: ceil(vocab / world_size), padding included."""
         return cdiv(config.vocab_size, self.world_size)
@@ -69,6 +98,14 @@ class TPShard:
     def partition(self, name: str, config, head_dim: int) -> tuple[int, int, int] | None:
         """(dim, start, stop) of the checkpoint tensor `name` (HF name without "model.") on this rank;
         None when every rank holds all of it (norms)."""
+        if ".experts." in name:
+            first, n = self.expert_features(config)
+            if self.expert_parallel:
+                return None
+            return (1 if ".down_proj." in name else 0), first, first + n
+        if config.model_type == "olmoe" and (".q_norm." in name or ".k_norm." in name):  # one weight over all heads
+            first, n = (self.q_heads if ".q_norm." in name else self.kv_heads)(config)
+            return 0, first * head_dim, (first + n) * head_dim
         if ".q_proj." in name:
             first, n = self.q_heads(config)
             return 0, first * head_dim, (first + n) * head_dim

@@ -55,6 +55,7 @@ class WorkerConfig:
     attention: str
     kv_cache_dtype: str  # how the rank's pool stores its heads' K/V (each rank quantizes its own, scales included)
     num_threads: int | None  # torch threads per rank on a CPU
+    expert_parallel: bool = False  # a Mixture-of-Experts model's experts cut whole (see shard.py)
 
 
 def run_worker(device: str | None = None, backend: str | None = None, timeout_s: float = 300.0) -> None:
@@ -102,7 +103,7 @@ def serve(launch: Launch, backend: str, timeout_s: float) -> None:
             torch.cuda.set_device(device)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        runner = cfg.build_runner(cfg, TPShard(launch.rank, launch.world_size, steps), device)
+        runner = cfg.build_runner(cfg, TPShard(launch.rank, launch.world_size, steps, cfg.expert_parallel), device)
         dist.barrier()  # ready: the driver's start-up waits for every rank here
         while (step := broadcast_message(None, messages)) is not None:
             (runner.apply_swap if isinstance(step, BlockSwap) else runner.execute)(step)

@@ -32,6 +32,7 @@ from ..kv.quant import kv_bytes_per_token
 from ..kv.sizing import make_kv_cache
 from ..models.dense_copies import DenseCopies
 from ..models.llama import CausalLM
+from ..models.moe import is_moe
 from ..sampling_params import SamplingParams
 from ..models.loader import (default_model, eos_token_ids, load_config, load_model, load_tokenizer, pick_dtype,
                              release_freed_memory, resolve_model)
@@ -140,7 +141,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     model_name = config.model or str(model_dir)
     hf_config = load_config(model_dir, gguf_file)
     max_model_len = config.check_model(hf_config, gguf_file)  # shapes checked: weights not read yet
-    tp, launch, device = driver_shard(config.tensor_parallel_size, local_device)  # under torchrun: its local GPU
+    tp, launch, device = driver_shard(config.tensor_parallel_size, local_device,  # under torchrun: its local GPU
+                                      config.enable_expert_parallel)
     model = load_model(model_dir, hf_config, device, dtype, max_model_len, tp, gguf_file, config.quantization)
     tokenizer = load_tokenizer(model_dir, gguf_file, config.tokenizer)
     eos = eos_token_ids(model_dir, tokenizer)
@@ -155,7 +157,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         config, tp, launch, worker_runner, model_name if launch else str(model_dir), dtype, device, max_model_len,
         kv.num_blocks if kv else None, block_size, tier.num_blocks if tier else 0)
     runner = ModelRunner(model, kv_pool, config.attention, block_size, device, executor)
-    if not config.enforce_eager and device.type == "cuda" and kv_pool is not None and tp is None:
+    # a step of a model with experts asks the host how many tokens each expert got: no graph can hold that
+    if not (config.enforce_eager or is_moe(hf_config)) and device.type == "cuda" and kv_pool is not None and tp is None:
         runner.capture_decode(max_model_len)
     if tier is not None:  # chapter 12: a host pool beside each KV pool, and the plug-in that copies between them
         runner.attach_host_tier(tier.num_blocks)

@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, Qwen2/2.5, Qwen3) in plain torch.
+"""A Llama-family decoder (Llama, Qwen2/2.5, Qwen3, and the Mixture-of-Experts Qwen3-MoE and OLMoE) in plain torch.
 
 The model sees one *packed* step: the tokens of every scheduled sequence laid end to
 end in a 1-D tensor (no padding), with their positions. Everything that depends on how
@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .moe import SparseMoeBlock, is_sparse_layer
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -30,6 +32,23 @@ class RMSNorm(nn.Module):
         if w.dtype == torch.float32:
             return F.rms_norm(x, w.shape, w, self.eps)
         return F.rms_norm(x.float(), w.shape, w.float(), self.eps).to(w.dtype)
+
+
+class WideRMSNorm(RMSNorm):
+    """OLMoE's q/k norm: over all of a token's query (or key) heads at once, not head by head. Under tensor
+    parallelism a rank holds some heads: it sums its squares, the all-reduce adds the other ranks' sums, and
+    each rank scales its own heads by the whole width's RMS."""
+
+    def __init__(self, dim: int, eps: float, tp=None):
+        super().__init__(dim, eps)
+        self.tp, self.full_dim = tp, dim * (tp.world_size if tp else 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            return super().forward(x)
+        x = x.float()
+        squares = self.tp.all_reduce(x.pow(2).sum(-1, keepdim=True))
+        return (x * torch.rsqrt(squares / self.full_dim + self.eps) * self.weight.float()).to(self.weight.dtype)
 
 
 def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
@@ -85,14 +104,25 @@ class Attention(nn.Module):
         # q, k and v in one matmul: one kernel launch instead of three.
         self.qkv_proj = nn.Linear(config.hidden_size, (self.num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
-        self.qk_norm = config.model_type == "qwen3"
+        self.qk_norm = config.model_type in ("qwen3", "qwen3_moe")  # one head at a time
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.wide_qk_norm = config.model_type == "olmoe"  # all heads at once, then q, k and v clipped
+        if self.wide_qk_norm:
+            self.q_norm = WideRMSNorm(self.num_heads * self.head_dim, config.rms_norm_eps, tp)
+            self.k_norm = WideRMSNorm(self.num_kv_heads * self.head_dim, config.rms_norm_eps, tp)
+            self.clip_qkv = getattr(config, "clip_qkv", None)
 
     def forward(self, x, cos_sin, attn_ctx):
         T, H, KVH = x.shape[0], self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(x).view(T, H + 2 * KVH, self.head_dim)
+        qkv = self.qkv_proj(x)
+        if self.wide_qk_norm:
+            q, k, v = qkv.split([H * self.head_dim, KVH * self.head_dim, KVH * self.head_dim], dim=-1)
+            qkv = torch.cat([self.q_norm(q), self.k_norm(k), v], dim=-1)
+            if self.clip_qkv is not None:
+                qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
+        qkv = qkv.view(T, H + 2 * KVH, self.head_dim)
         qk, v = qkv.split([H + KVH, KVH], dim=1)  # q and k heads side by side: one rotary for both
         if self.qk_norm:
             qk = torch.cat([self.q_norm(qk[:, :H]), self.k_norm(qk[:, H:])], dim=1)
@@ -123,7 +153,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer_idx, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, tp)
+        self.mlp = SparseMoeBlock(config, tp) if is_sparse_layer(config, layer_idx) else MLP(config, tp)
 
     def forward(self, x, cos_sin, attn_ctx):
         """x: the residual stream, in float32 whatever the weights' dtype (see CausalLM)."""

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+from transformers import (LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -47,10 +48,19 @@ def hf_config(family: str, vocab_size: int, eos_token_id: int):
         return LlamaConfig(**common, tie_word_embeddings=False, rope_theta=500000.0,
                            rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 256})
+    if family == "qwen3_moe":  # Qwen3-30B-A3B: 8 of 128 experts renormalised, q/k norm per head; here 8 of 16, a dense layer
+        return Qwen3MoeConfig(**{**common, "num_hidden_layers": 3}, head_dim=32, num_experts=16, num_experts_per_tok=8,
+                              moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1],
+                              tie_word_embeddings=False, rope_theta=1000000.0)
+    if family == "olmoe":  # OLMoE-1B-7B: 8 of 64 experts not renormalised, q/k norm over all heads, as many KV heads
+        return OlmoeConfig(**{**common, "num_key_value_heads": 4, "intermediate_size": 32}, num_experts=16,
+                           num_experts_per_tok=8, norm_topk_prob=False, pad_token_id=None)
     raise ValueError(family)
 
 
-MODEL_CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM}
+MODEL_CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM,
+                 "qwen3_moe": Qwen3MoeForCausalLM, "olmoe": OlmoeForCausalLM}
+MOE_FAMILIES = ("qwen3_moe", "olmoe")
 
 
 def make_model_dir(family: str, folder: Path, tokenizer, seed: int = 0, std: float = 0.1) -> Path:
@@ -66,6 +76,14 @@ def make_model_dir(family: str, folder: Path, tokenizer, seed: int = 0, std: flo
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def make_moe_dir(family: str, folder: Path, tokenizer) -> Path:
+    """A random Mixture-of-Experts checkpoint (qwen3_moe or olmoe). A token's output sums eight experts, each
+    weighted about 1/8: at std 0.1 that averaging leaves the greedy text repeating a token or two, at 0.2 it
+    varies as a dense model's does at 0.1."""
+    assert family in MOE_FAMILIES, family
+    return make_model_dir(family, folder, tokenizer, seed=1, std=0.2)
 
 
 def hf_model(folder: Path):
