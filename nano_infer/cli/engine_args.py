@@ -36,6 +36,8 @@ _OPTIONS = {
     "max_num_seqs": dict(type=int, help="most sequences in one step"),
     "tensor_parallel_size": dict(type=int, help="ranks that each hold a shard of the model (worker processes here, "
                                                 "or torchrun's ranks)"),
+    "enable_expert_parallel": dict(action="store_true", help="a Mixture-of-Experts model under "
+                                   "--tensor-parallel-size: each rank whole experts (default: a slice of every expert)"),
     "kv_offloading_size": dict(type=float, help="GiB of host memory for a second KV tier (evicted prefix blocks "
                                                 "and swapped-out sequences), summed over tensor-parallel ranks; 0: off"),
     "kv_offloading_backend": dict(choices=OFFLOADING_BACKENDS, help="how the host tier is kept"),

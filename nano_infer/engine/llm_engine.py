@@ -96,6 +96,10 @@ class LLMEngine:
     def _describe(self, parts: EngineParts) -> str:
         """One line on what was chosen and why: the dtype, and how many tokens of KV fit."""
         line = f"{parts.display_name}: {str(self.dtype).removeprefix('torch.')} ({parts.dtype_reason}) on {self.device}"
+        if experts := getattr(self.model.config, "num_experts", 0):
+            cut = (", whole experts per rank" if self.config.enable_expert_parallel else ", a slice of each per rank") \
+                if self.config.tensor_parallel_size > 1 else ""
+            line += f", {self.model.config.num_experts_per_tok} of {experts} experts a token{cut}"
         line += f", {self.model.weights_held}" if self.model.weights_held else ""
         threads = self.plugin(FreeCoreThreads)
         line += f", up to {threads.max_threads} threads (as many as cores are free)" if threads else ""
