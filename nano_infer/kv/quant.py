@@ -1,19 +1,30 @@
 """The KV cache in 8 bits (chapter 14): `kv_cache_dtype`, vLLM's name and values, plus "int8".
 
-Each K or V vector (one token, one KV head, `head_dim` numbers) is stored as 8-bit values and one
-float16 scale: scale = amax over the vector / the format's largest value, value = x / scale rounded
-(int8) or cast (fp8), read back as value * scale. One byte an element instead of two (bfloat16) or
-four (float32), plus two bytes of scale per vector: with head_dim 64, 66 bytes instead of 128.
+Each K or V vector (one token, one KV head, `head_dim` numbers) is turned by a fixed orthonormal matrix
+(`rotation`, a Hadamard matrix) and then stored as 8-bit values and one float16 scale: scale = amax over the
+vector / the format's largest value, value = x / scale rounded (int8) or cast (fp8), read back as value * scale.
+One byte an element instead of two (bfloat16) or four (float32), plus two bytes of scale per vector: with
+head_dim 64, 66 bytes instead of 128.
 
-Why one scale per token and head rather than per channel (KIVI and KVQuant give keys per-channel
-scales, because a few channels of K carry outliers): a paged block fills one token at a time, and a
-decode step writes one slot. A per-channel scale of a block would have to be re-derived (and the
-block's earlier tokens re-quantized) whenever a new token's channel exceeds it, or the block's
-unfinished tail kept in full precision (KIVI's residual group) with a second read path. A per-token
-scale is final the moment the token is written, so writing stays one scatter and reading one gather
-plus a multiply, for every attention path. Chapter 14 measures what that costs on keys with outliers.
+Why one scale per token and head rather than per channel (KIVI and KVQuant give keys per-channel scales, because a
+few channels of K carry outliers): a paged block fills one token at a time, and a decode step writes one slot. A
+per-channel scale of a block would have to be re-derived (and the block's earlier tokens re-quantized) whenever a
+new token's channel exceeds it, or the block's unfinished tail kept in full precision (KIVI's residual group) with
+a second read path, and a token's keys would then change under the tokens after it when its block closes. A
+per-token scale is final the moment the token is written, so writing stays one scatter and reading one gather plus
+a multiply, for every attention path, and every feature that moves blocks moves bytes that mean the same anywhere.
+
+Why the rotation: an outlier channel sets every token's scale, so the other channels of the token are rounded to a
+step sized for the outlier. A Hadamard matrix (entries +-1/sqrt(head_dim)) spreads each channel over all of them,
+so the rotated vector has no outlier and its step is sized for the vector's length instead. Being orthonormal it
+costs attention nothing in exactness: q . k = (q R) . (k R), and softmax(q K^T) V = (softmax((q R)(K R)^T) (V R)) R^T,
+so the pool keeps K R and V R and attention turns each query into the rotated basis and its output back (one small
+matmul per query, none per cached key). It needs no calibration data: the same matrix for every model.
 """
 from __future__ import annotations
+
+import functools
+import math
 
 import torch
 
@@ -82,6 +93,25 @@ def dequantize(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -
     instead of a conversion and then a multiply, the same numbers. torch promotes no float8, so those convert first."""
     scales = scales.to(dtype).unsqueeze(-1)
     return values * scales if values.dtype == torch.int8 else values.to(dtype) * scales
+
+
+@functools.lru_cache(maxsize=None)
+def _hadamard(n: int) -> torch.Tensor:
+    """Sylvester's n x n matrix of +-1 (n a power of two), rows orthogonal, in float64."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+    return h
+
+
+def rotation(head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The orthonormal [head_dim, head_dim] matrix R every 8-bit K/V vector is multiplied by before it is quantized.
+
+    A normalised Hadamard matrix; for a head_dim that is no power of two (80, 96, 112...), Hadamard blocks of its
+    binary digits down the diagonal (96 = 64 + 32), still orthonormal. R @ R.T is the identity, so x @ R @ R.T is x."""
+    sizes = [1 << b for b in reversed(range(head_dim.bit_length())) if head_dim >> b & 1]
+    blocks = [_hadamard(n) / math.sqrt(n) for n in sizes]
+    return torch.block_diag(*blocks).to(device=device, dtype=dtype)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, model_dtype: torch.dtype,

@@ -2,18 +2,21 @@
 
 Attention (models/attention.py) never looks at how K/V is stored. It calls `write(slot_mapping, k, v)`
 with the step's new tokens and `read(block_ids)` for the blocks a table names, and gets K and V back in
-the model's dtype, one row per block ([n, block_size * kv_heads * head_dim]). `write` returns the step's
-K/V as the cache will give them back, and attention uses those for the step's own keys too: a token then
-sees the same keys whether they come from this step or from the cache, so chunked prefill, a prefix-cache
-hit, recomputing after preemption and speculative verification give the tokens they give without them,
-with 8-bit K/V as with full precision. Two ways to store them:
+the model's dtype, one row per block ([n, block_size * kv_heads * head_dim]), in the basis the layer's
+`rotation` names (None: the model's own; else attention turns its queries into that basis and its output
+back). `write` returns the step's K/V as the cache will give them back, and attention uses those for the
+step's own keys too: a token then sees the same keys whether they come from this step or from the cache, so
+chunked prefill, a prefix-cache hit, recomputing after preemption and speculative verification give the
+tokens they give without them, with 8-bit K/V as with full precision. Two ways to store them:
 
 - `LayerKV` (kv_cache_dtype="auto"): the pool in the model's dtype. A write is one `index_copy_` into
   the layer's slots; a read is one `index_select` over the layer seen as blocks, which copies a few large
   rows (a whole block each) instead of one small row per token.
-- `QuantizedLayerKV` ("int8", "fp8_e4m3", "fp8_e5m2"): the same two calls on 8-bit values plus the same two on
-  their float16 scales (one per token and KV head), with `quant.quantize` before the write and
-  `quant.dequantize` after the read.
+- `QuantizedLayerKV` ("int8", "fp8_e4m3", "fp8_e5m2"): each vector turned by `quant.rotation` (which spreads
+  K's outlier channels over all of them, kv/quant.py says why), then the same two calls on 8-bit values plus
+  the same two on their float16 scales (one per token and KV head), with `quant.quantize` before the write
+  and `quant.dequantize` after the read. A token's bytes are final when written, so a read is still one gather
+  and a multiply.
 
 The views are made once per layer and reused by every step (and captured by CUDA graphs, whose
 addresses must not move); nothing here waits on the device.
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .quant import canonical, dequantize, quantize, storage_dtype
+from .quant import canonical, dequantize, quantize, rotation, storage_dtype
 
 
 @dataclass
@@ -36,6 +39,7 @@ class LayerKV:
     v_slots: torch.Tensor
     k_blocks: torch.Tensor
     v_blocks: torch.Tensor
+    rotation = None  # K/V are kept in the model's own basis
 
     @classmethod
     def of(cls, k_slots: torch.Tensor, v_slots: torch.Tensor, block_size: int) -> LayerKV:
@@ -53,16 +57,18 @@ class LayerKV:
 
 @dataclass
 class QuantizedLayerKV:
-    """One layer's K and V as 8-bit values (`values`, a LayerKV over the int8 container) and their float16
-    scales (`scales`, a LayerKV over [num_slots, KVH]); read back in `dtype`, the model's."""
+    """One layer's K and V, each vector times `rotation` [D, D], as 8-bit values (`values`, a LayerKV over the int8
+    container) and their float16 scales (`scales`, a LayerKV over [num_slots, KVH]); read back in `dtype`, the
+    model's, still rotated."""
 
     values: LayerKV
     scales: LayerKV
     kv_cache_dtype: str
     dtype: torch.dtype
+    rotation: torch.Tensor
 
     def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        (kq, ks), (vq, vs) = quantize(k, self.kv_cache_dtype), quantize(v, self.kv_cache_dtype)
+        (kq, ks), (vq, vs) = (quantize(x @ self.rotation, self.kv_cache_dtype) for x in (k, v))
         container = self.values.k_slots.dtype
         self.values.write(slot_mapping, kq.view(container), vq.view(container))
         self.scales.write(slot_mapping, ks, vs)
@@ -94,5 +100,6 @@ class KVStore:
         plain = [LayerKV.of(k, v, block_size) for k, v in self.tensor]
         if self.scales is None:
             return plain
-        return [QuantizedLayerKV(values, LayerKV.of(ks, vs, block_size), self.kv_cache_dtype, self.dtype)
+        turn = rotation(self.tensor.shape[-1], self.dtype, self.tensor.device)  # one matrix, shared by every layer
+        return [QuantizedLayerKV(values, LayerKV.of(ks, vs, block_size), self.kv_cache_dtype, self.dtype, turn)
                 for values, (ks, vs) in zip(plain, self.scales)]

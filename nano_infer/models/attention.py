@@ -161,6 +161,11 @@ class AttentionBackend:
         if self.store is not None:
             kv = self.layer_kv(layer, meta.block_size)
             k, v = kv.write(meta.slot_mapping, k, v)  # as the cache gives them back (8-bit K/V: dequantized)
+            if kv.rotation is not None:  # 8-bit K/V are kept rotated (kv/quant.py): q into that basis, the output back
+                return self._attend(meta, q @ kv.rotation, k, v, kv) @ kv.rotation.T
+        return self._attend(meta, q, k, v, kv)
+
+    def _attend(self, meta: AttentionMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv) -> torch.Tensor:
         if not meta.prefills and len(meta.decodes) == 1:  # a decode-only step: no output buffer to fill
             return self._decode_rows(meta.decodes[0], q, k.shape[1], kv)
         out = torch.empty_like(q)

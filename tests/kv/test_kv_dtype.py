@@ -1,4 +1,4 @@
-"""kv_cache_dtype (chapter 14): 8-bit K/V with a float16 scale per token and head.
+"""kv_cache_dtype (chapter 14): 8-bit K/V, each vector rotated (a Hadamard matrix) with a float16 scale per token and head.
 
 What is checked: the quantizer's error bound (any input, hypothesis), what the pool holds for a byte budget,
 attention through a quantized pool against attention over the same K/V rounded by hand, accuracy on the real
@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 from nano_infer import LLM, BeamSearchParams, SamplingParams
 from nano_infer.bench import kv_dtype as bench
 from nano_infer.kv import KVPool
-from nano_infer.kv.quant import KV_CACHE_DTYPES, dequantize, format_max, kv_bytes_per_token, quantize, storage_dtype
+from nano_infer.kv.quant import (KV_CACHE_DTYPES, dequantize, format_max, kv_bytes_per_token, quantize, rotation,
+                                 storage_dtype)
 from nano_infer.models.attention import AttentionMetadata, SeqSlice, make_backend
 from tests.helpers.checkpoints import GGUF
 from tests.helpers.model_factory import TEXT, make_model_dir
@@ -24,12 +25,14 @@ from tests.helpers.parity import prompts
 
 QUANTIZED = [d for d in KV_CACHE_DTYPES if d != "auto"]
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+# Against "auto": (mean |dlogprob| in nats at most, top-1 agreement at least). Issue 51's int8 target (0.01, 0.99)
+# holds on the outlier model; on SmolLM2 neither format meets its target (int8 0.01 / 99%, fp8_e4m3 0.05 / 97%), so
+# those bounds sit a margin above what this test's 160 tokens measure (`python -m nano_infer.bench.kv_dtype` scores
+# 512). fp8's error is relative to each value: rotating spreads the planted outlier's rounding over every channel,
+# which a random model's queries weigh evenly, so its bound on the outlier model is looser than without rotation.
+SMOLLM2_LIMITS = {"int8": (0.021, 0.985), "fp8_e4m3": (0.075, 0.97)}
+OUTLIER_LIMITS = {"int8": (0.01, 0.99), "fp8_e4m3": (0.06, 0.86)}
 # relative precision of each format near its largest value: half a step of int8, 2^-(mantissa bits + 1) for fp8
-# Against "auto": (mean |dlogprob| in nats at most, top-1 agreement at least). The bounds sit a margin above
-# what `python -m nano_infer.bench.kv_dtype` measures: with one scale per token and head, int8 K/V moves a text's
-# log-probs about as far from float32 as computing the whole model in bfloat16 does.
-SMOLLM2_LIMITS = {"int8": (0.04, 0.96), "fp8_e4m3": (0.10, 0.93)}
-OUTLIER_LIMITS = {"int8": (0.04, 0.96), "fp8_e4m3": (0.05, 0.88)}
 HALF_STEP = {"int8": 0.5 / 127, "fp8": 2**-4, "fp8_e4m3": 2**-4, "fp8_e5m2": 2**-3}
 
 
@@ -68,6 +71,28 @@ def test_a_vector_beyond_float16s_range_saturates_instead_of_turning_into_nan():
         assert back.isfinite().all() and back[0, 0] > 1e6 and back[0, 1] < 0
 
 
+@pytest.mark.parametrize("head_dim", [1, 16, 64, 96, 112])
+def test_the_rotation_is_orthonormal_and_spreads_an_outlier_channel(head_dim):
+    """R R^T = I for any head_dim (Hadamard blocks down the diagonal when it is no power of two), so attention over
+    K R and V R with queries q R gives the same output; and an outlier channel's magnitude lands on every channel."""
+    turn = rotation(head_dim, torch.float64)
+    torch.testing.assert_close(turn @ turn.T, torch.eye(head_dim, dtype=torch.float64))
+    x = torch.zeros(head_dim, dtype=torch.float64)
+    x[head_dim // 3] = 1.0
+    assert (x @ turn).abs().max() <= 1 / math.sqrt(1 << (head_dim.bit_length() - 1)) + 1e-12
+
+
+def test_rotated_int8_keys_with_an_outlier_channel_come_back_closer_than_plain_ones():
+    """Why the pool rotates: with one channel 20x the others, a per-token scale is sized for the outlier and the other
+    channels round to its coarse step; rotated first, the step is sized for the vector's length."""
+    k = torch.randn(256, 2, 64, generator=torch.Generator().manual_seed(1))
+    k[..., 5] *= 20
+    turn = rotation(64)
+    plain = (dequantize(*quantize(k, "int8"), torch.float32) - k).norm()
+    rotated = (dequantize(*quantize(k @ turn, "int8"), torch.float32) @ turn.T - k).norm()
+    assert rotated < plain / 2, (rotated, plain)
+
+
 def test_bytes_per_token_count_the_scales():
     """SmolLM2-135M: 30 layers x 2 x 3 KV heads; 64 values of 2 bytes (bf16), or 64 of 1 byte + a 2-byte scale."""
     assert kv_bytes_per_token(30, 3, 64, torch.bfloat16) == 30 * 2 * 3 * 128
@@ -79,8 +104,8 @@ def test_bytes_per_token_count_the_scales():
 @pytest.mark.parametrize("kv_cache_dtype", QUANTIZED)
 @pytest.mark.parametrize("impl", ["gather", "blockwise"])
 def test_attention_reads_the_pool_as_rounded_by_hand(kv_cache_dtype, impl):
-    """A prompt chunk after 13 cached tokens, in blocks of 4: its output is SDPA over K/V quantized and
-    dequantized with the public functions (the oracle here), not over the full-precision K/V."""
+    """A prompt chunk after 13 cached tokens, in blocks of 4: its output is SDPA over K/V rotated, quantized,
+    dequantized and rotated back with the public functions (the oracle here), not over the full-precision K/V."""
     gen = torch.Generator().manual_seed(0)
     kv_heads, groups, dim, cached, new, bs = 2, 3, 16, 13, 6, 4
     k, v = (torch.randn(cached + new, kv_heads, dim, generator=gen) for _ in range(2))
@@ -94,7 +119,8 @@ def test_attention_reads_the_pool_as_rounded_by_hand(kv_cache_dtype, impl):
     backend.attend(0, torch.zeros(cached, kv_heads * groups, dim), k[:cached], v[:cached])  # fills the cache
     backend.meta = AttentionMetadata(slot_mapping=slots[cached:], prefills=[SeqSlice(0, new, cached + new, table)], block_size=bs)
     out = backend.attend(0, q, k[cached:], v[cached:])
-    kr, vr = (dequantize(*quantize(x, kv_cache_dtype), torch.float32) for x in (k, v))
+    turn = rotation(dim)
+    kr, vr = (dequantize(*quantize(x @ turn, kv_cache_dtype), torch.float32) @ turn.T for x in (k, v))
     visible = torch.arange(cached + new)[None, :] <= torch.arange(cached, cached + new)[:, None]
     want = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1), kr.transpose(0, 1), vr.transpose(0, 1), attn_mask=visible, enable_gqa=True).transpose(0, 1)
