@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from .constrained.limits import ConstraintLimits
+from .text.chat_template import resolve_chat_template
 
 KV_CACHES = ("none", "contiguous", "paged")
 PREFIX_CACHES = ("auto", None, "hash", "radix")
@@ -71,6 +72,9 @@ class EngineConfig:
     # vLLM's options, under vLLM's names, so its scripts run unchanged
     seed: int | None = None  # seeds torch's generator once: requests without their own seed then repeat across runs
     tokenizer: str | None = None  # a folder or hub id of the tokenizer, when it is not the model's
+    # vLLM's --chat-template: a file, a shipped template's name ("chatml_tools": tools for ChatML models), or the
+    # Jinja text; it replaces the tokenizer's template for every chat. None: the model's own
+    chat_template: str | None = None
     enable_prefix_caching: bool | None = None  # False: prefix_cache=None; True: the prefix_cache given ("auto": radix)
     enforce_eager: bool = False  # vLLM's default: on CUDA plain decode steps replay from CUDA graphs (engine/cuda_graph.py); True: all eager. A CPU runs eagerly
     trust_remote_code: bool = False  # accepted: the model code is this package's own, no checkpoint code runs
@@ -117,6 +121,8 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and not self.distributed_timeout > 0:
             raise ValueError(f"distributed_timeout={self.distributed_timeout} must be > 0 seconds")
         self._check_vllm_options()
+        if self.chat_template is not None:
+            resolve_chat_template(self.chat_template)
         if self.prefix_cache == "auto":
             self.prefix_cache = "radix" if self.kv_cache == "paged" else None
         if self.prefix_cache is not None and self.kv_cache != "paged":

@@ -23,6 +23,9 @@ NEUTRAL = {"suffix": ("",), "guided_whitespace_pattern": (), "guided_grammar": (
 # `add_special_tokens` (the template writes them), a completion's `add_special_tokens` (the tokenizer's are added)
 NEUTRAL_ON = {ChatBody: {"echo": (False,), "chat_template": (), "documents": (), "add_special_tokens": (False,)},
               CompletionBody: {"add_special_tokens": (True,)}}
+# why a field is refused, where that says more than "not supported"
+WHY = {"chat_template": "a client's template would run on the server for every tenant; the server renders the one it "
+                        "started with (--chat-template), as vLLM does without --trust-request-chat-template"}
 # Fields that change no output of this server: accepted and logged (vLLM's behaviour); parallel_tool_calls only
 # without tools
 IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "user")
@@ -36,7 +39,8 @@ def check_unsupported(body) -> None:
     for name, neutral in {**NEUTRAL, **NEUTRAL_ON.get(type(body), {})}.items():
         value = getattr(body, name, None)
         if value is not None and value not in neutral:
-            raise ProtocolError(f"{name}={_short(value)} is not supported by this server; leave it out"
+            raise ProtocolError(f"{name}={_short(value)} is not supported by this server"
+                                + (f" ({WHY[name]})" if name in WHY else "") + "; leave it out"
                                 + (f" or send {neutral[0]!r}" if neutral else ""), param=name)
     if isinstance(body, CompletionBody) and body.best_of not in (None, body.n):
         raise ProtocolError("best_of is not supported (only best_of == n)", param="best_of")

@@ -45,6 +45,8 @@ _OPTIONS = {
                                                           "default: auto with a host tier, else recompute"),
     # vLLM's flags under vLLM's names, so a `vllm serve` command line ports (`generate --seed` is the request's)
     "tokenizer": dict(help="a folder or hub id of the tokenizer (default: the model's)"),
+    "chat_template": dict(help="a Jinja chat template: a file, its text, or a shipped one by name (chatml_tools: "
+                               "OpenAI tools for ChatML models such as SmolLM2 and Qwen; default: the model's)"),
     "enable_prefix_caching": dict(action=argparse.BooleanOptionalAction,
                                   help="--no-enable-prefix-caching turns the prefix cache off (--prefix-cache none)"),
     "trust_remote_code": dict(action="store_true", help="accepted: no checkpoint code runs here"),

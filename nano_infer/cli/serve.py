@@ -72,6 +72,12 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--constraint-timeout", type=float, default=ConstraintLimits.timeout,
                    help="seconds a JSON Schema/regex may take to compile before the request gets 400 (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    # vLLM's tool-calling flags: here tool_choice "auto" always reads Hermes-style <tool_call> blocks, the one parser
+    p.add_argument("--tool-call-parser", choices=["hermes"], default="hermes",
+                   help="how tool calls are read from a free reply (hermes: <tool_call>{...}</tool_call> blocks)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted: tool_choice 'auto' is always on (a model whose template drops tools needs "
+                        "--chat-template chatml_tools)")
     add_engine_args(p)
     p.set_defaults(func=serve)
     return p

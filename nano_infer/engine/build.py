@@ -34,6 +34,7 @@ from ..models.dense_copies import DenseCopies
 from ..models.llama import CausalLM
 from ..models.moe import is_moe
 from ..sampling_params import SamplingParams
+from ..text.chat_template import resolve_chat_template
 from ..models.loader import (default_model, eos_token_ids, load_config, load_model, load_tokenizer, pick_dtype,
                              release_freed_memory, resolve_model)
 from .cpu_allocator import keep_freed_memory
@@ -145,6 +146,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
                                       config.enable_expert_parallel)
     model = load_model(model_dir, hf_config, device, dtype, max_model_len, tp, gguf_file, config.quantization)
     tokenizer = load_tokenizer(model_dir, gguf_file, config.tokenizer)
+    if config.chat_template is not None:
+        tokenizer.chat_template = resolve_chat_template(config.chat_template)
     eos = eos_token_ids(model_dir, tokenizer)
     setup = FeatureSetup(config, hf_config, tokenizer, eos, device, dtype, max_model_len)
     features = [f for cls in FEATURES if (f := cls.create(setup)) is not None]

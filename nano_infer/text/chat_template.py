@@ -17,7 +17,9 @@ with a newline right after the template's.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+TEMPLATES = Path(__file__).parent / "templates"  # chat templates shipped with the package, by name
 PLACEHOLDER = "\ue000{}\ue001"  # private-use characters: no template changes them, no user types them
 
 
@@ -79,3 +81,30 @@ def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool 
 
 def _spells_control_token(tokenizer, content) -> bool:
     return isinstance(content, str) and any(t.content in content for t in tokenizer.added_tokens_decoder.values())
+
+
+def shipped_templates() -> list[str]:
+    return sorted(p.stem for p in TEMPLATES.glob("*.jinja"))
+
+
+def resolve_chat_template(value: str) -> str:
+    """The Jinja text of vLLM's --chat-template: a file's path, the name of a template shipped here
+    ("chatml_tools": ChatML with OpenAI tools and Hermes-style calls), or the template itself. A template
+    that does not parse is refused now, with its line, not at the first chat."""
+    from jinja2 import Environment, TemplateSyntaxError
+
+    shipped, path = TEMPLATES / f"{value}.jinja", Path(value).expanduser()
+    if "{" not in value and shipped.is_file():
+        text = shipped.read_text()
+    elif "{" not in value and path.is_file():
+        text = path.read_text()
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise ValueError(f"chat_template={value!r} is neither a file, a template shipped with nano_infer "
+                         f"({', '.join(shipped_templates())}), nor a Jinja template")
+    try:
+        Environment().parse(text)
+    except TemplateSyntaxError as e:
+        raise ValueError(f"chat_template {value[:60]!r} does not parse: {e.message} (line {e.lineno})") from None
+    return text

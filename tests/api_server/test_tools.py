@@ -116,6 +116,7 @@ def test_a_tool_result_turn(client, model):
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "required", "use_beam_search": True, "n": 2}, "use_beam_search"),
     ({"messages": [{"role": "user", "content": None}]}, "messages"),
+    ({"chat_template": "{{ messages }}"}, "chat_template"),  # a client's Jinja would run on the server
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
         "name": "f", "arguments": "{not json"}}]}]}, "messages"),
 ])
@@ -166,3 +167,41 @@ def test_tools_and_earlier_calls_reach_the_chat_template(tokenizer):
                                   add_generation_prompt=False)
     text = tok.decode(ids)
     assert "[tool get_weather][tool get_time]" in text and '[call {"city": "Paris"}]' in text and "tool: sunny" in text
+
+
+def test_the_shipped_tool_template_renders_tools_calls_and_results_the_parser_reads_back(tokenizer):
+    """chatml_tools: a plain chat renders exactly as plain ChatML (the test models' template); with tools, each
+    tool's JSON is in the system turn, an earlier call renders as a block the hermes parser turns back into that
+    call, and consecutive tool results share one user turn."""
+    from copy import deepcopy
+
+    from nano_infer.text.chat_template import resolve_chat_template
+
+    tok = deepcopy(tokenizer)
+    plain = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    tok.chat_template = resolve_chat_template("chatml_tools")
+    assert tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True) == plain
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    chat = CHAT + [{"role": "assistant", "content": "", "tool_calls": [call, {**call, "id": "c2"}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                   {"role": "tool", "tool_call_id": "c2", "content": "warm"}]
+    text = tok.apply_chat_template(chat, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert all(json.dumps(t["function"], ensure_ascii=False) in text for t in TOOLS)
+    turn = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
+    _, calls = ToolPlan("auto", TOOLS).parse(turn)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"})] * 2
+    assert text.count("<|im_start|>user") == 2 and "sunny\n</tool_response>\n<tool_response>\nwarm" in text
+
+
+def test_chat_template_option_takes_a_name_a_file_or_text_and_refuses_anything_else(qwen2_dir, tmp_path):
+    from nano_infer import LLM
+    from nano_infer.config import EngineConfig
+
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")
+    llm = LLM(str(qwen2_dir), dtype="float32", chat_template=str(tmp_path / "t.jinja"))
+    assert llm.tokenizer.decode(llm.apply_chat_template(CHAT, add_generation_prompt=False)) == "<user>" + CHAT[0]["content"]
+    with pytest.raises(ValueError, match="neither a file, a template shipped with nano_infer .chatml_tools"):
+        EngineConfig(chat_template="no_such_template")
+    with pytest.raises(ValueError, match="does not parse: .*line 2"):
+        EngineConfig(chat_template="{{ messages }}\n{% for m in messages %}")
