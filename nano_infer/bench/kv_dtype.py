@@ -10,8 +10,9 @@ Three measurements, each against kv_cache_dtype="auto" on the same weights:
   and its quantization. Per dtype: mean and largest |log-prob difference| of the text's tokens in nats,
   and how often the most likely next token is the same (`accuracy`).
 - keys by hand: the model's real K (every layer, after rotary) quantized with one scale per token and
-  head (what the engine does) and with one scale per channel per block of 16 tokens (KIVI's choice for
-  keys), the relative error of each; then the same K with one channel made an outlier (`k_scale_study`).
+  head, the same after the Hadamard rotation (what the engine does) and with one scale per channel per
+  block of 16 tokens (KIVI's choice for keys), the relative error of each; then the same K with one channel
+  made an outlier (`k_scale_study`).
 - capacity: the tokens a pool of the same bytes holds per dtype (`pool_tokens`), and a batch of
   requests at a budget where bfloat16 preempts: preemptions and time per dtype, interleaved rounds, the
   ratio of medians with its verdict (`compare_preemption`).
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.utils import cdiv
-from ..kv.quant import dequantize, kv_bytes_per_token, quantize
+from ..kv.quant import dequantize, kv_bytes_per_token, quantize, rotation
 from ..models.attention import AttentionMetadata, DenseAttention, SeqSlice
 from ..models.loader import load_config, resolve_model
 from ..sampling_params import SamplingParams
@@ -113,8 +114,15 @@ def model_keys(llm, token_ids: list[int]) -> list[torch.Tensor]:
 
 
 def per_token(k: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
-    """K quantized and read back with one scale per token and head (the engine's layout)."""
+    """K quantized and read back with one scale per token and head, as it comes (no rotation)."""
     return dequantize(*quantize(k, kv_cache_dtype), torch.float32)
+
+
+def rotated(k: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
+    """K rotated (`quant.rotation`), quantized with one scale per token and head, read back and rotated back:
+    the engine's layout, its error seen in the model's own channels."""
+    turn = rotation(k.shape[-1])
+    return dequantize(*quantize(k.float() @ turn, kv_cache_dtype), torch.float32) @ turn.T
 
 
 def per_channel(k: torch.Tensor, kv_cache_dtype: str, block_size: int = 16) -> torch.Tensor:
@@ -140,8 +148,8 @@ def with_outlier_channel(k: torch.Tensor, channel: int = OUTLIER_CHANNEL, factor
 
 
 def k_scale_study(keys: list[torch.Tensor], dtypes=("int8", "fp8_e4m3"), block_size: int = 16) -> list[dict]:
-    """Per dtype, the relative error of K (mean over layers) with per-token and with per-channel-per-block scales,
-    for the model's own keys and for the same keys with an outlier channel planted: over all channels, and over
+    """Per dtype, the relative error of K (mean over layers) with per-token scales (plain and rotated, the engine's)
+    and with per-channel-per-block scales, for the model's own keys and for the same keys with an outlier channel planted: over all channels, and over
     the other channels (an outlier makes a per-token scale coarse for every channel beside it). The largest
     channel-to-median amax ratio says how outlying the channels are."""
     others = torch.ones(keys[0].shape[-1], dtype=torch.bool)
@@ -152,7 +160,8 @@ def k_scale_study(keys: list[torch.Tensor], dtypes=("int8", "fp8_e4m3"), block_s
         amax = torch.stack([k.abs().amax(dim=(0, 1)) for k in ks])  # [layers, head_dim]
         spread = float((amax.amax(-1) / amax.median(-1).values).max())
         for d in dtypes:
-            backs = {"per_token": [per_token(k, d) for k in ks], "per_channel": [per_channel(k, d, block_size) for k in ks]}
+            backs = {"per_token": [per_token(k, d) for k in ks], "rotated": [rotated(k, d) for k in ks],
+                     "per_channel": [per_channel(k, d, block_size) for k in ks]}
             row = dict(keys=label, kv_cache_dtype=d, channel_amax_over_median=spread)
             for name, channels in (("", everything), ("_other_channels", others)):
                 for layout, back in backs.items():
@@ -234,8 +243,9 @@ def main(argv: list[str] | None = None) -> dict:
               f"(max {a['max_abs_dlogprob']:.3f}), top-1 agreement {a['top1_agreement']:.1%}")
     result["k_scales"] = k_scale_study(model_keys(ref, token_ids))
     for r in result["k_scales"]:
-        print(f"{r['keys']:9s} {r['kv_cache_dtype']:8s} relative error per token {r['per_token']:.4f} / per channel "
-              f"per block {r['per_channel']:.4f}; other channels {r['per_token_other_channels']:.4f} / "
+        print(f"{r['keys']:9s} {r['kv_cache_dtype']:8s} relative error per token {r['per_token']:.4f} / rotated "
+              f"{r['rotated']:.4f} / per channel per block {r['per_channel']:.4f}; other channels "
+              f"{r['per_token_other_channels']:.4f} / {r['rotated_other_channels']:.4f} / "
               f"{r['per_channel_other_channels']:.4f} (largest channel amax / median {r['channel_amax_over_median']:.1f})")
     run = compare_preemption(args.model, rounds=args.rounds, **{k: v for k, v in weights.items() if k != "dtype"})
     print(f"KV budget {run.kv_cache_memory / 2**20:.2f} MiB for a workload needing {run.tokens_needed:,} tokens:")

@@ -2,8 +2,9 @@
 
 `channel_figure` draws one layer's K and V as the pool holds them (tokens down, every KV head's
 channels across), the magnitude of each value on top and, below, the rounding error each channel
-gets from int8 with one scale per token: a channel much larger than the rest (an outlier channel)
-shows as a bright column, and the error it causes falls on all the other channels of its tokens.
+gets from int8 with each choice of scales: a channel much larger than the rest (an outlier channel)
+shows as a bright column, and with one scale per token the error it causes falls on all the other
+channels of its tokens; rotated first (what the engine does), the error is spread evenly.
 `running_side_by_side` puts the scheduler's timelines of one workload under several KV formats next
 to each other (chapter 05's request lifecycle: waiting, running, finished, and the preemptions).
 """
@@ -17,7 +18,7 @@ from ..engine.memory import StepRecord
 from . import FIGURE_WIDTH, LEGEND_BELOW
 from .timeline import lifecycle_figure
 
-PALETTE = {"per token": "#1f77b4", "per channel": "#ff7f0e"}
+PALETTE = {"per token": "#1f77b4", "per channel": "#ff7f0e", "rotated, per token": "#2ca02c"}
 
 
 def channel_labels(num_heads: int, head_dim: int) -> list[str]:
