@@ -26,8 +26,9 @@ from .quant_formats import UNPACK
 if TYPE_CHECKING:
     from gguf import GGMLQuantizationType
 
-# metadata value types of fixed width (GGUF v2 / v3): u8 i8 u16 i16 u32 i32 f32 bool u64 i64 f64
-_WIDTH = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+# metadata value types of fixed width (GGUF v2 / v3), as struct formats: u8 i8 u16 i16 u32 i32 f32 bool u64 i64 f64
+_FORMAT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_WIDTH = {kind: struct.calcsize(f"<{fmt}") for kind, fmt in _FORMAT.items()}
 _STRING, _ARRAY = 8, 9
 _VALUES = {"F32": np.float32, "F16": np.float16}  # types held as values; every other as bytes per row
 
@@ -42,20 +43,20 @@ class GGUFTensor:
     data: np.ndarray
 
 
-def read_gguf_tensors(path: Path) -> list[GGUFTensor]:
-    """The file's tensors, mapped from it: the header and metadata are walked, only the tensor table read."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    blob = np.memmap(path, dtype=np.uint8, mode="r")
+def _header(blob: np.ndarray, path: Path) -> tuple[int, int]:
+    """(number of tensors, number of metadata entries)."""
     if bytes(blob[:4]) != b"GGUF":
         raise ValueError(f"{path} is not a GGUF file (it does not start with the bytes GGUF)")
     version, n_tensors, n_values = struct.unpack_from("<IQQ", blob, 4)
     if version not in (2, 3):
         raise ValueError(f"{path} is GGUF version {version}; versions 2 and 3 are read")
+    return n_tensors, n_values
 
-    def string(pos: int) -> tuple[str, int]:
-        (length,) = struct.unpack_from("<Q", blob, pos)
-        return bytes(blob[pos + 8:pos + 8 + length]).decode(), pos + 8 + length
+
+def _metadata(blob: np.ndarray, path: Path):
+    """(key, value type, position of its value) for each metadata entry in the file's order, then (None, None,
+    position of the tensor table). Values are skipped, not parsed: a caller reads the few it wants."""
+    n_values = _header(blob, path)[1]
 
     def skip(pos: int, kind: int) -> int:
         if kind in _WIDTH:
@@ -72,16 +73,45 @@ def read_gguf_tensors(path: Path) -> list[GGUFTensor]:
             pos = skip(pos, item)
         return pos
 
-    pos, alignment = 24, 32  # llama.cpp's default alignment
+    pos = 24
     for _ in range(n_values):
-        key, pos = string(pos)
+        key, pos = _string(blob, pos)
         (kind,) = struct.unpack_from("<I", blob, pos)
-        if key == "general.alignment":
-            (alignment,) = struct.unpack_from("<I", blob, pos + 4)
+        yield key, kind, pos + 4
         pos = skip(pos + 4, kind)
+    yield None, None, pos
+
+
+def _string(blob: np.ndarray, pos: int) -> tuple[str, int]:
+    (length,) = struct.unpack_from("<Q", blob, pos)
+    return bytes(blob[pos + 8:pos + 8 + length]).decode(), pos + 8 + length
+
+
+def read_gguf_number(path: Path, key: str) -> int | float | None:
+    """One number (or bool) of the file's metadata, None where the file lacks it. The walk stops at the key: in
+    llama.cpp's files an architecture's entries come before the tokenizer's long arrays."""
+    blob = np.memmap(path, dtype=np.uint8, mode="r")
+    for name, kind, pos in _metadata(blob, path):
+        if name == key:
+            if kind not in _FORMAT:
+                raise ValueError(f"{path}: metadata {key} is of type {kind}, not a number")
+            return struct.unpack_from(f"<{_FORMAT[kind]}", blob, pos)[0]
+    return None
+
+
+def read_gguf_tensors(path: Path) -> list[GGUFTensor]:
+    """The file's tensors, mapped from it: the header and metadata are walked, only the tensor table read."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    blob = np.memmap(path, dtype=np.uint8, mode="r")
+    n_tensors = _header(blob, path)[0]
+    alignment = 32  # llama.cpp's default alignment
+    for key, kind, pos in _metadata(blob, path):
+        if key == "general.alignment":
+            (alignment,) = struct.unpack_from("<I", blob, pos)
     table = []
     for _ in range(n_tensors):
-        name, pos = string(pos)
+        name, pos = _string(blob, pos)
         (n_dims,) = struct.unpack_from("<I", blob, pos)
         dims = struct.unpack_from(f"<{n_dims}Q", blob, pos + 4)
         kind, offset = struct.unpack_from("<IQ", blob, pos + 4 + 8 * n_dims)
@@ -112,40 +142,85 @@ def _unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _gguf_names(config) -> dict[str, str]:
-    """GGUF tensor name -> transformers' name, from gguf's table for the architecture (built once)."""
+    """GGUF tensor name -> transformers' name, from gguf's table for the architecture (built once). transformers
+    holds a layer's experts stacked as `experts.gate_up_proj` and `experts.down_proj`, which the table does not
+    name; the file stacks gate, up and down apart, named in the table under per-projection names. Those map to
+    the name of one expert's weight with a `{}` for its number."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
-    arch = next(a for a, name in MODEL_ARCH_NAMES.items() if name == config.model_type)
+    arch = next(a for a, name in MODEL_ARCH_NAMES.items() if name == config.model_type.replace("_", ""))
     table = get_tensor_name_map(arch, config.num_hidden_layers)
     names = {}
     for hf_name in _skeleton(config).state_dict():
         base, suffix = hf_name.rsplit(".", 1)
-        if (gguf_name := table.get_name(base)) is not None:
+        if base.endswith(".experts"):
+            for proj in ("gate", "up") if suffix == "gate_up_proj" else ("down",):
+                if (gguf_name := table.get_name(f"{base}.{proj}_proj")) is not None:
+                    names[f"{gguf_name}.weight"] = f"{base}.{{}}.{proj}_proj.weight"
+        elif (gguf_name := table.get_name(base)) is not None:
             names[f"{gguf_name}.{suffix}"] = hf_name
     return names
+
+
+def _runs_as_stored(hf_name: str) -> bool:
+    """Whether the loader can run this weight as stored: a 2-D linear weight or the embedding, not the router."""
+    return hf_name.endswith(("_proj.weight", "embed_tokens.weight", "lm_head.weight"))
+
+
+def _floats(rows: np.ndarray, tensor_type) -> torch.Tensor:
+    from gguf.quants import dequantize
+
+    floats = dequantize(rows, tensor_type)  # a new array, or for float types a view of the mapped file
+    return torch.from_numpy(floats if floats.flags.writeable and floats.dtype == np.float32
+                            else np.array(floats, dtype=np.float32))
 
 
 def gguf_tensors(path: Path, config, dequantized: Counter, as_stored: bool):
     """(HF name, tensor) for every tensor of the file. `as_stored`: Q4_0 / Q4_1 / Q4_K as an Int4Weight and
     Q8_0 as an Int8Weight, unpacked but not rounded, any other quantized type dequantized to float32 and
     counted in `dequantized` (type name -> tensors). Otherwise every tensor in float32, dequantized as
-    transformers does it. Float tensors are float32 either way."""
-    from gguf.quants import dequantize
+    transformers does it. Float tensors are float32 either way.
 
+    A layer's stacked experts [E, out, in] come out one expert at a time under transformers' per-expert names
+    (the loader stacks them again, as it does a checkpoint's), always dequantized: no as-stored kernel runs a
+    3-D weight. With `as_stored` a quantized stack is counted as "<type> expert", a quantized router as
+    "<type> router"."""
     names = _gguf_names(config)
     heads = {".attn_q.": config.num_attention_heads, ".attn_k.": config.num_key_value_heads}
     for t in read_gguf_tensors(path):
         if t.name not in names:
             continue
-        kind, rows = t.tensor_type.name, t.data
+        kind, rows, hf_name = t.tensor_type.name, t.data, names[t.name]
         for part, n_head in heads.items():
             if config.model_type == "llama" and part in t.name:
                 rows = _unpermute_rows(rows, n_head)
-        if as_stored and kind in UNPACK:
-            yield names[t.name], UNPACK[kind](rows)
+        stacked = "{}" in hf_name
+        if as_stored and kind in UNPACK and not stacked and _runs_as_stored(hf_name):
+            yield hf_name, UNPACK[kind](rows)
             continue
         if as_stored and kind not in ("F32", "F16", "BF16"):
-            dequantized[kind] += 1
-        floats = dequantize(rows, t.tensor_type)  # a new array, or for float types a view of the mapped file
-        yield names[t.name], torch.from_numpy(floats if floats.flags.writeable and floats.dtype == np.float32
-                                              else np.array(floats, dtype=np.float32))
+            dequantized[kind + (" expert" if stacked else "" if _runs_as_stored(hf_name) else " router")] += 1
+        floats = _floats(rows, t.tensor_type)
+        if not stacked:
+            yield hf_name, floats
+            continue
+        if floats.dim() != 3 or floats.shape[0] != config.num_experts:
+            raise ValueError(f"{path}: {t.name} has shape {tuple(floats.shape)}; [num_experts={config.num_experts}, "
+                             "out, in] was expected (one matrix per expert)")
+        for e, weight in enumerate(floats):
+            yield hf_name.format(e), weight
+
+
+# config fields transformers leaves at its class's default where the file says them: model_type -> field -> key
+_UNREAD = {"qwen3_moe": {"moe_intermediate_size": "qwen3moe.expert_feed_forward_length"}}
+
+
+def complete_config(config, path: Path):
+    """transformers' config of the file with the fields it does not read taken from the file. transformers
+    (5.x) reads no `expert_feed_forward_length` for qwen3moe, so its experts' width would be Qwen3MoeConfig's
+    default whatever the file holds."""
+    for field, key in _UNREAD.get(config.model_type, {}).items():
+        if (value := read_gguf_number(path, key)) is None:
+            raise ValueError(f"{path} has no {key}: {field} (the width of each expert) is not known")
+        setattr(config, field, value)
+    return config

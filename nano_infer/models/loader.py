@@ -136,10 +136,24 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype | None) -> tuple[t
 def load_config(model_dir: Path, gguf_file: str | None = None):
     from transformers import AutoConfig
 
-    config = read_from_gguf(AutoConfig, model_dir / gguf_file) if gguf_file else AutoConfig.from_pretrained(model_dir)
+    config = _gguf_config(model_dir / gguf_file) if gguf_file else AutoConfig.from_pretrained(model_dir)
     if config.model_type not in SUPPORTED:
         raise ValueError(f"model_type {config.model_type!r} is not supported; nano_infer runs {sorted(SUPPORTED)}")
     return config
+
+
+def _gguf_config(path: Path):
+    """transformers' reading of a GGUF file's config, completed from the file (`gguf.complete_config`)."""
+    from transformers import AutoConfig
+
+    from .gguf import complete_config
+
+    try:
+        config = read_from_gguf(AutoConfig, path)
+    except ValueError as e:  # an architecture transformers has no config mapping for
+        raise ValueError(f"{path}: transformers reads no config from this GGUF file ({e}), and nano_infer takes "
+                         "a GGUF file's config from transformers: use the model's safetensors checkpoint") from e
+    return complete_config(config, path)
 
 
 def _fused_name(name: str, experts: tuple[int, int] = (0, 0)) -> tuple[str, int | None, int]:
