@@ -20,19 +20,28 @@ from tests.helpers.parity import CONFIGS, GREEDY, prompts, reference
 LOGIT_ATOL = 1e-4
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tokenizer):
+    """family -> (folder, prompts, transformers' greedy tokens), each made once for the module."""
+    made = {}
+
+    def get(family):
+        if family not in made:
+            folder = make_moe_dir(family, tmp_path_factory.mktemp(family), tokenizer)
+            ps = prompts(tokenizer)
+            made[family] = folder, ps, reference(folder, ps)
+        return made[family]
+    return get
+
+
 @pytest.fixture(scope="module", params=MOE_FAMILIES)
-def moe(request, tmp_path_factory, tokenizer):
-    """(folder, prompts, transformers' greedy tokens) for one family."""
-    folder = make_moe_dir(request.param, tmp_path_factory.mktemp(request.param), tokenizer)
-    ps = prompts(tokenizer)
-    return folder, ps, reference(folder, ps)
+def moe(request, built):
+    return built(request.param)
 
 
 @pytest.fixture(scope="module")
-def qwen3_moe(tmp_path_factory, tokenizer):
-    folder = make_moe_dir("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe_only"), tokenizer)
-    ps = prompts(tokenizer)
-    return folder, ps, reference(folder, ps)
+def qwen3_moe(built):
+    return built("qwen3_moe")
 
 
 def token_ids(outs):
@@ -120,10 +129,12 @@ def test_the_server_answers_what_the_engine_generates(qwen3_moe, tokenizer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("expert_parallel", [False, True], ids=["experts-sliced", "expert-parallel"])
-def test_tp2_matches_transformers(expert_parallel, moe):
-    """Tensor parallelism with every expert's features split, or (expert parallelism) 8 whole experts a rank."""
-    folder, ps, ref = moe
+@pytest.mark.parametrize("family, expert_parallel", [("qwen3_moe", False), ("qwen3_moe", True), ("olmoe", True)],
+                         ids=["qwen3_moe-experts-sliced", "qwen3_moe-expert-parallel", "olmoe-expert-parallel"])
+def test_tp2_matches_transformers(family, expert_parallel, built):
+    """Tensor parallelism with every expert's features split, or (expert parallelism) 8 whole experts a rank;
+    OLMoE's q/k norm then sums its squares over both ranks' heads."""
+    folder, ps, ref = built(family)
     with LLM(str(folder), dtype="float32", tensor_parallel_size=2, enable_expert_parallel=expert_parallel,
              block_size=4, max_num_batched_tokens=8) as llm:
         assert token_ids(llm.generate(prompt_token_ids=ps, sampling_params=GREEDY)) == ref
