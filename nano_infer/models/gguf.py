@@ -12,6 +12,7 @@ block size, and gguf's `dequantize` turns blocks into floats, as transformers' l
 """
 from __future__ import annotations
 
+import re
 import struct
 from collections import Counter
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 _FORMAT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _WIDTH = {kind: struct.calcsize(f"<{fmt}") for kind, fmt in _FORMAT.items()}
 _STRING, _ARRAY = 8, 9
+_FUSED = re.compile(r"\.(attn_[qkv]|ffn_gate|ffn_up)\.")  # parts of one fused weight: a layer's q/k/v, dense gate/up
 _VALUES = {"F32": np.float32, "F16": np.float16}  # types held as values; every other as bytes per row
 
 
@@ -167,6 +169,26 @@ def _runs_as_stored(hf_name: str) -> bool:
     return hf_name.endswith(("_proj.weight", "embed_tokens.weight", "lm_head.weight"))
 
 
+def _fused_group(gguf_name: str) -> str:
+    """The weight the loader fuses this tensor into (a layer's q/k/v or dense gate/up), or the tensor's own name."""
+    return _FUSED.sub(lambda m: ".attn_qkv." if m[1].startswith("attn") else ".ffn_gate_up.", gguf_name)
+
+
+def _stored_form(kind: str) -> str:
+    """How the loader holds a tensor of this type as stored: Q8_0's blocks, int4 groups, or floats."""
+    return "Q8_0" if kind == "Q8_0" else "int4" if kind in UNPACK else "floats"
+
+
+def _mixed(tensors: list[GGUFTensor]) -> set[str]:
+    """Names of the tensors fused with a part of another form as stored: such a weight is held in floats, as no
+    as-stored layer joins two forms. llama.cpp's Q4_K_M files store some layers' attn_v in Q6_K beside attn_q and
+    attn_k in Q4_K."""
+    forms: dict[str, set[str]] = {}
+    for t in tensors:
+        forms.setdefault(_fused_group(t.name), set()).add(_stored_form(t.tensor_type.name))
+    return {t.name for t in tensors if len(forms[_fused_group(t.name)]) > 1}
+
+
 def _floats(rows: np.ndarray, tensor_type) -> torch.Tensor:
     from gguf.quants import dequantize
 
@@ -184,10 +206,13 @@ def gguf_tensors(path: Path, config, dequantized: Counter, as_stored: bool):
     A layer's stacked experts [E, out, in] come out one expert at a time under transformers' per-expert names
     (the loader stacks them again, as it does a checkpoint's), always dequantized: no as-stored kernel runs a
     3-D weight. With `as_stored` a quantized stack is counted as "<type> expert", a quantized router as
-    "<type> router"."""
+    "<type> router", and a part of a fused weight whose parts differ in form as stored (`_mixed`) is dequantized
+    and counted as "<type> fused with another type"."""
     names = _gguf_names(config)
     heads = {".attn_q.": config.num_attention_heads, ".attn_k.": config.num_key_value_heads}
-    for t in read_gguf_tensors(path):
+    tensors = read_gguf_tensors(path)
+    mixed = _mixed(tensors) if as_stored else set()
+    for t in tensors:
         if t.name not in names:
             continue
         kind, rows, hf_name = t.tensor_type.name, t.data, names[t.name]
@@ -195,11 +220,13 @@ def gguf_tensors(path: Path, config, dequantized: Counter, as_stored: bool):
             if config.model_type == "llama" and part in t.name:
                 rows = _unpermute_rows(rows, n_head)
         stacked = "{}" in hf_name
-        if as_stored and kind in UNPACK and not stacked and _runs_as_stored(hf_name):
+        floats_because = ("expert" if stacked else "router" if not _runs_as_stored(hf_name)
+                          else "fused with another type" if t.name in mixed else "")
+        if as_stored and kind in UNPACK and not floats_because:
             yield hf_name, UNPACK[kind](rows)
             continue
         if as_stored and kind not in ("F32", "F16", "BF16"):
-            dequantized[kind + (" expert" if stacked else "" if _runs_as_stored(hf_name) else " router")] += 1
+            dequantized[f"{kind} {floats_because}".rstrip()] += 1
         floats = _floats(rows, t.tensor_type)
         if not stacked:
             yield hf_name, floats

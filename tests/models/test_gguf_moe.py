@@ -85,6 +85,19 @@ def test_as_stored_the_experts_are_dequantized_and_said_so(files):
     assert len(out[0].outputs[0].token_ids) == 4
 
 
+def test_q_k_and_v_of_different_types_are_fused_in_floats(files, tmp_path, tokenizer):
+    """A Q8_0 attn_q beside F32 attn_k and attn_v (as a Q4_K_M file has Q6_K attn_v beside Q4_K q and k): as stored,
+    the fused qkv weight is held in floats, and the tokens are those of the file dequantized whole."""
+    path = write_qwen3moe_gguf(tmp_path / "mixed.gguf", files[0], tokenizer, q8_0=("_exps.", "attn_q."))
+    stored = LLM(str(path), dtype="float32", quantization="gguf", block_size=4)
+    assert "3 Q8_0 fused with another type tensors dequantized" in stored.engine.model.weights_held
+    ps = [{"prompt_token_ids": p} for p in prompts(tokenizer)[:2]]
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    whole = LLM(str(path), dtype="float32", block_size=4)
+    assert [o.outputs[0].token_ids for o in stored.generate(ps, greedy)] == \
+        [o.outputs[0].token_ids for o in whole.generate(ps, greedy)]
+
+
 def test_a_gguf_architecture_without_a_config_reader_is_a_clear_error(tmp_path):
     from gguf import GGUFWriter
 
