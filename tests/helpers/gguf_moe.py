@@ -58,10 +58,13 @@ def gguf_tensors_of(model) -> dict[str, np.ndarray]:
     return out
 
 
-def write_qwen3moe_gguf(path: Path, model, tokenizer,
-                        q8_0: tuple[str, ...] = ("_exps.", "attn_q.", "attn_k.", "attn_v.")) -> Path:
-    """The model and tokenizer as a GGUF file: tensors whose name holds any of `q8_0` quantized to Q8_0, the rest
-    F32; the config as llama.cpp's converter writes it for Qwen3-MoE; the tokenizer as byte-level BPE ("gpt2")."""
+Q8_0_EXPERTS_AND_QKV = {"_exps.": "Q8_0", "attn_q.": "Q8_0", "attn_k.": "Q8_0", "attn_v.": "Q8_0"}
+
+
+def write_qwen3moe_gguf(path: Path, model, tokenizer, types: dict[str, str] = Q8_0_EXPERTS_AND_QKV) -> Path:
+    """The model and tokenizer as a GGUF file: a tensor whose name holds a key of `types` quantized to that type
+    (one gguf's numpy quantizer makes: Q8_0, Q4_0, Q4_1), the rest F32; the config as llama.cpp's converter writes
+    it for Qwen3-MoE; the tokenizer as byte-level BPE ("gpt2")."""
     from gguf import GGMLQuantizationType, GGUFWriter, TokenType
     from gguf.quants import quantize
 
@@ -94,10 +97,8 @@ def write_qwen3moe_gguf(path: Path, model, tokenizer,
     writer.add_pad_token_id(tokenizer.pad_token_id)
     writer.add_chat_template(tokenizer.chat_template)
     for name, w in gguf_tensors_of(model).items():
-        if any(part in name for part in q8_0):
-            writer.add_tensor(name, quantize(w, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
-        else:
-            writer.add_tensor(name, w)
+        kind = next((GGMLQuantizationType[t] for part, t in types.items() if part in name), None)
+        writer.add_tensor(name, w) if kind is None else writer.add_tensor(name, quantize(w, kind), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

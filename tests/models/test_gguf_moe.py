@@ -85,12 +85,16 @@ def test_as_stored_the_experts_are_dequantized_and_said_so(files):
     assert len(out[0].outputs[0].token_ids) == 4
 
 
-def test_q_k_and_v_of_different_types_are_fused_in_floats(files, tmp_path, tokenizer):
-    """A Q8_0 attn_q beside F32 attn_k and attn_v (as a Q4_K_M file has Q6_K attn_v beside Q4_K q and k): as stored,
-    the fused qkv weight is held in floats, and the tokens are those of the file dequantized whole."""
-    path = write_qwen3moe_gguf(tmp_path / "mixed.gguf", files[0], tokenizer, q8_0=("_exps.", "attn_q."))
+def test_parts_of_different_forms_are_fused_in_floats_and_the_router_is_dequantized(files, tmp_path, tokenizer):
+    """Q4_0 attn_q and attn_k beside a Q8_0 attn_v (as a Q4_K_M file has Q6_K attn_v beside Q4_K q and k), and a
+    Q4_0 router: as stored, the fused qkv weight is held in floats and so is the router (it is no linear layer the
+    int4 kernel runs), and the tokens are those of the file dequantized whole."""
+    types = {"_exps.": "Q8_0", "attn_q.": "Q4_0", "attn_k.": "Q4_0", "attn_v.": "Q8_0", "ffn_gate_inp.": "Q4_0"}
+    path = write_qwen3moe_gguf(tmp_path / "mixed.gguf", files[0], tokenizer, types)
     stored = LLM(str(path), dtype="float32", quantization="gguf", block_size=4)
-    assert "3 Q8_0 fused with another type tensors dequantized" in stored.engine.model.weights_held
+    held = stored.engine.model.weights_held
+    assert "6 Q4_0 fused with another type tensors" in held and "3 Q8_0 fused with another type tensors" in held
+    assert "3 Q4_0 router tensors" in held and "9 Q8_0 expert tensors" in held, held
     ps = [{"prompt_token_ids": p} for p in prompts(tokenizer)[:2]]
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     whole = LLM(str(path), dtype="float32", block_size=4)
