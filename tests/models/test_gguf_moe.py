@@ -65,7 +65,7 @@ def test_stacked_experts_and_router_load_as_transformers_reads_them(llm, oracle,
 
 
 def test_greedy_tokens_equal_transformers_on_the_file(llm, oracle, tokenizer):
-    ps = prompts(tokenizer)
+    ps = prompts(tokenizer)[1:4]
     outs = llm.generate([{"prompt_token_ids": p} for p in ps], SamplingParams(temperature=0, max_tokens=12,
                                                                               ignore_eos=True))
     with torch.no_grad():
