@@ -9,6 +9,10 @@ The tensor table is read here, not through gguf's GGUFReader: that parses every 
 into numpy views first, the tokenizer's whole vocabulary and merges included, which costs
 far more than reading the table alone. gguf's own tables give each type's
 block size, and gguf's `dequantize` turns blocks into floats, as transformers' loader does.
+
+A Mixture-of-Experts file (qwen3moe) stacks each layer's experts, one tensor per projection [E, out, in];
+they are handed to the loader one expert at a time, as a safetensors checkpoint holds them, and always in
+floats (the as-stored layers are 2-D). A few config fields transformers does not read are read here.
 """
 from __future__ import annotations
 
