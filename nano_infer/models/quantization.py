@@ -228,7 +228,9 @@ def describe_weights(mode: str, why: str, held: Counter, dequantized: Counter, d
         return why and f"weights dequantized to {name} ({why})"
     parts = [f"{n} linear layers {kind}" if kind in HELD.values() else f"{kind}" + (f" x{n}" if n > 1 else "")
              for kind, n in held.items()]
-    parts += [f"{n} {kind} tensors dequantized (no exact int4 form)" for kind, n in dequantized.items()]
+    # a bare type name ("Q6_K") has no exact int4 form; "Q8_0 expert", "Q4_0 router" say why they run in floats
+    parts += [f"{n} {kind} tensors dequantized" + ("" if " " in kind else " (no exact int4 form)")
+              for kind, n in dequantized.items()]
     how = "as stored" if mode == "gguf" else "quantized at load"
     return f"weights {how} ({why}): " + ", ".join(parts)
 
