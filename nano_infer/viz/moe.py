@@ -5,7 +5,7 @@ experts a step reads as the batch grows.
 router saw: the layer's input rows and the router's logits, one entry per forward pass. `route_figure`
 draws the routing weights of a prompt's tokens (tokens down, experts across, zero where an expert was not
 chosen), `load_figure` the pairs each expert received over a batch beside what even routing would give,
-and `experts_read_figure` the experts a step reads and the expert bytes each token costs against the batch.
+and `experts_read_figure` the experts a step reads and the weights each token costs against the batch.
 """
 from __future__ import annotations
 
@@ -93,11 +93,11 @@ def load_figure(counts: torch.Tensor, chance_max: float, title: str) -> go.Figur
 
 
 def experts_read_figure(batches: list[int], expected: list[float], measured: list[float], num_experts: int,
-                        bytes_per_token: dict[str, list[float]], title: str) -> go.Figure:
+                        per_token: dict[str, list[float]], unit: str, title: str) -> go.Figure:
     """Left: distinct experts a layer reads in a step of B tokens (uniform routing's expectation, and measured).
-    Right: expert bytes per token at each B, one line per model (name -> bytes)."""
+    Right: the weights a step reads divided by its B tokens, one line per model (name -> amounts in `unit`)."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=["experts a layer reads in one step", "expert bytes read per token"])
+                        subplot_titles=["experts a layer reads in one step", "weights read per token"])
     fig.add_scatter(x=batches, y=expected, mode="lines", name="E (1 - (1 - k/E)^B)", line=dict(color="#fd8d3c"),
                     row=1, col=1)
     fig.add_scatter(x=batches, y=measured, mode="markers", name="measured (the model's routing)",
@@ -105,10 +105,10 @@ def experts_read_figure(batches: list[int], expected: list[float], measured: lis
     fig.add_scatter(x=[batches[0], batches[-1]], y=[num_experts] * 2, mode="lines", name="all the experts",
                     line=dict(color="#636363", dash="dot"), row=1, col=1)
     colours = ["#3182bd", "#31a354", "#756bb1"]
-    for (name, values), colour in zip(bytes_per_token.items(), colours):
+    for (name, values), colour in zip(per_token.items(), colours):
         fig.add_scatter(x=batches, y=values, mode="lines+markers", name=name, line=dict(color=colour), row=1, col=2)
     fig.update_xaxes(type="log", tickvals=batches, title_text="tokens in the step (B)")
     fig.update_yaxes(title_text="experts", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(type="log", title_text="bytes per token", row=1, col=2)
+    fig.update_yaxes(type="log", title_text=f"{unit} per token", row=1, col=2)
     fig.update_layout(title=title, width=FIGURE_WIDTH, height=420, legend=LEGEND_BELOW)
     return fig

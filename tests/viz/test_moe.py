@@ -50,5 +50,6 @@ def test_figures_draw_a_panel_per_layer_a_bar_per_expert_and_a_line_per_model():
     assert len(heatmaps) == 2 and list(heatmaps[0].z[0]) == [0.5, 0.5, None, None]  # unchosen experts are blank
     fig = load_figure(torch.tensor([3, 1, 0, 4]), 3.5, "load")
     assert list(fig.data[0].y) == [3, 1, 0, 4] and fig.data[1].y == (2.0, 2.0) and fig.data[2].y == (3.5, 3.5)
-    fig = experts_read_figure([1, 2], [2.0, 3.5], [2.0, 3.0], 4, {"a": [10.0, 6.0], "b": [20.0, 10.0]}, "read")
-    assert [t.name for t in fig.data][3:] == ["a", "b"]
+    fig = experts_read_figure([1, 2], [2.0, 3.5], [2.0, 3.0], 4, {"a": [10.0, 6.0], "b": [20.0, 10.0]}, "GiB",
+                              "read")
+    assert [t.name for t in fig.data][3:] == ["a", "b"] and fig.layout.yaxis2.title.text == "GiB per token"
