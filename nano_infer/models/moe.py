@@ -59,7 +59,9 @@ def group_by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tens
 
 class Experts(nn.Module):
     """This rank's experts as two stacked weights: `gate_up_proj` [E, 2 * inter, hidden] and `down_proj`
-    [E, hidden, inter], experts `first_expert` .. `first_expert + E` of the model's."""
+    [E, hidden, inter], experts `first_expert` .. `first_expert + E` of the model's. In bfloat16 on a CPU
+    the loader swaps it for models/packed.py's PackedExperts: the same forward, each expert's `mlp` on
+    weights laid out for oneDNN."""
 
     def __init__(self, num_experts: int, first_expert: int, hidden: int, inter: int):
         super().__init__()
@@ -81,13 +83,16 @@ class Experts(nn.Module):
         start = 0
         for e, n in enumerate(counts[:-1].tolist()):  # the host sync: each expert's share of the step
             if n:
-                chunk = rows[start:start + n]
-                gate, up = F.linear(chunk, self.gate_up_proj[e]).split(self.inter, dim=-1)
-                out[start:start + n] = F.linear(F.silu(gate) * up, self.down_proj[e])
+                out[start:start + n] = self.mlp(e, rows[start:start + n])
             start += n
         mine = slice(0, start)
         out = out[mine] * weights.flatten()[order[mine]].unsqueeze(-1)
         return torch.zeros(x.shape, dtype=torch.float32, device=x.device).index_add_(0, token[mine], out)
+
+    def mlp(self, e: int, rows: torch.Tensor) -> torch.Tensor:
+        """Local expert `e`'s gated MLP on the rows routed to it: [n, hidden] -> [n, hidden]."""
+        gate, up = F.linear(rows, self.gate_up_proj[e]).split(self.inter, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj[e])
 
 
 class SparseMoeBlock(nn.Module):

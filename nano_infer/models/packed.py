@@ -10,11 +10,19 @@ same trick gained nothing consistent, so float32 keeps `nn.Linear`.
 The blocked weight is an opaque tensor: it has the weight's shape, but no storage to slice or
 save. Nothing reads a linear weight after loading except tensor-parallel lessons, which run
 in float32.
+
+A Mixture-of-Experts layer's experts (models/moe.py) are many small linears, and a step runs each on
+a few rows: the per-call reorder weighs on them as on a decode step's dense linears, so every expert's
+two weights are packed too (`PackedExperts`). The stacked weights they were loaded as are dropped, not
+kept beside the packed ones: experts are most of an MoE model's bytes.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from .moe import Experts
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -39,13 +47,40 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
+class PackedExperts(Experts):
+    """`Experts` with each expert's gate-up and down weights a PackedLinear: the same grouping, the same
+    loop over experts (`Experts.forward`), a packed matmul per expert."""
+
+    def __init__(self, experts: Experts):
+        nn.Module.__init__(self)  # not Experts.__init__: the stacked weights give way to a packed pair per expert
+        self.num_experts, self.first_expert, self.inter = experts.num_experts, experts.first_expert, experts.inter
+        self.gate_up = nn.ModuleList(PackedLinear(w, None) for w in experts.gate_up_proj)
+        self.down = nn.ModuleList(PackedLinear(w, None) for w in experts.down_proj)
+
+    def mlp(self, e: int, rows: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up[e](rows).split(self.inter, dim=-1)
+        return self.down[e](F.silu(gate) * up)
+
+    @property
+    def gate_up_proj(self) -> torch.Tensor:
+        """The stacked weight [E, 2 * inter, hidden] read back out of the packed ones: a copy, for reading."""
+        return torch.stack([p.weight.to_dense() for p in self.gate_up])
+
+    @property
+    def down_proj(self) -> torch.Tensor:
+        """The stacked weight [E, hidden, inter] read back out of the packed ones: a copy, for reading."""
+        return torch.stack([p.weight.to_dense() for p in self.down])
+
+
 def pack_linears(model: nn.Module) -> None:
-    """Swap every nn.Linear of the model for a PackedLinear, and give a model whose logits reuse the
-    embedding matrix (tied weights) a packed copy of it for the logits: the lookup needs the plain one.
-    (A model whose embedding is held quantized already has its own `lm_head`.)"""
+    """Swap every nn.Linear of the model for a PackedLinear and every layer's Experts for PackedExperts, and
+    give a model whose logits reuse the embedding matrix (tied weights) a packed copy of it for the logits:
+    the lookup needs the plain one. (A model whose embedding is held quantized already has its own `lm_head`.)"""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, PackedLinear(child.weight, child.bias))
+            elif isinstance(child, Experts) and not isinstance(child, PackedExperts):
+                setattr(parent, name, PackedExperts(child))
     if getattr(model, "tie_word_embeddings", False) and not hasattr(model, "lm_head"):
         model.lm_head = PackedLinear(model.embed_tokens.weight, None, copy=True)
