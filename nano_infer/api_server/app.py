@@ -42,6 +42,8 @@ from .fanout import fan_out
 from .guard import Drain, _Guard
 from .limits import ServerLimits
 from .render import sse_events, _Render, _whole_reply, whole_reply_bytes
+from .responses import ResponsesBody, responses_request
+from .responses_render import ResponseReply
 from .tenants import Tenants
 from .tokenizer_routes import add_tokenizer_routes
 
@@ -106,7 +108,8 @@ def _check_admin(request: Request, admin_key: bytes) -> None:
 
 
 def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, parser: BodyParser, work: FairQueue) -> None:
-    """OpenAI's routes: /v1/models, /v1/completions and /v1/chat/completions (the guard has checked the key)."""
+    """OpenAI's routes: /v1/models, /v1/completions, /v1/chat/completions and /v1/responses (the guard has checked the
+    key). A Responses body runs as the chat body it means (responses.py), rendered as a Response."""
     created = int(time.time())
 
     @app.get("/v1/models")
@@ -127,6 +130,14 @@ def _add_api(app: FastAPI, llm: AsyncLLM, model_name: str, parser: BodyParser, w
         body, (messages, params, plan) = await parser.parse(
             request, ChatBody, lambda body: _chat_request(body, model_name, max_model_len))
         return await _generate(llm, work, request, body, [messages], params, model_name, plan)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        chat_request = functools.partial(_chat_request, model_name=model_name, max_model_len=llm.stats.max_model_len)
+        body, (chat, (messages, params, plan)) = await parser.parse(
+            request, ResponsesBody, lambda body: responses_request(body, chat_request))
+        return await _generate(llm, work, request, chat, [messages], params, model_name, plan,
+                               ResponseReply(body, model_name))
 
 
 def _completion_request(body: CompletionBody, model_name: str, max_model_len: int) -> tuple[list, SamplingParams]:
@@ -187,9 +198,10 @@ class _ClientGone(Exception):
 
 
 async def _generate(llm: AsyncLLM, work: FairQueue, request: Request, body, prompts: list, params: SamplingParams,
-                    model_name: str, plan: ToolPlan | None) -> Response:
+                    model_name: str, plan: ToolPlan | None, reply: ResponseReply | None = None) -> Response:
     """Run one request (one or more prompts): its whole reply as JSON, or its stream once every
-    prompt has its first output. `plan`: a chat's tools (a completion's is None)."""
+    prompt has its first output. `plan`: a chat's tools (a completion's is None); `reply`: a
+    /v1/responses request's, which renders the chat's outputs as a Response."""
     chat = isinstance(body, ChatBody)
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex  # the engine's: never a client's choice
     head = {"id": request_id if body.request_id is None else ("chatcmpl-" if chat else "cmpl-") + body.request_id,
@@ -203,7 +215,8 @@ async def _generate(llm: AsyncLLM, work: FairQueue, request: Request, body, prom
     try:
         if not body.stream:
             collected = await unless_disconnected(request, _whole_reply(outputs))
-            content = await whole_reply_bytes(collected, head, render, functools.partial(work.run, tenant.name))
+            content = await (work.run(tenant.name, reply.whole, collected, render) if reply is not None else
+                             whole_reply_bytes(collected, head, render, functools.partial(work.run, tenant.name)))
             return Response(content, media_type="application/json")
         first = await unless_disconnected(request, anext(outputs))  # bad input raises here, before the 200
     except ValueError as e:
@@ -215,8 +228,9 @@ async def _generate(llm: AsyncLLM, work: FairQueue, request: Request, body, prom
     except _ClientGone:
         return Response(status_code=499)
     options = body.stream_options
-    events = sse_events(first, outputs, head, render, options is not None and options.include_usage,
-                     options is not None and options.continuous_usage_stats)
+    events = reply.events(first, outputs, render) if reply is not None else sse_events(
+        first, outputs, head, render, options is not None and options.include_usage,
+        options is not None and options.continuous_usage_stats)
     return _ClosingStream(events, media_type="text/event-stream")
 
 
