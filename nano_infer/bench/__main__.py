@@ -6,12 +6,14 @@
     python -m nano_infer.bench --model smollm2-135m-shape --requests 32 --rounds 1 --dtype bfloat16
     python -m nano_infer.bench --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --engines nano_infer hf_continuous
 
-Prints a table per workload, a one-chat latency line per model and dtype, a summary, and last
+Prints a table per workload, a one-chat latency line per model and dtype, a summary, then
 one chat against llama.cpp on the same GGUF file with the decode roofline beside it
-(`llamacpp.py`; when llama-cpp-python is installed: `make llama-cpp`; else a line says it was skipped);
+(`llamacpp.py`; when llama-cpp-python is installed: `make llama-cpp`; else a line says it was skipped),
+and last a Mixture-of-Experts shape against transformers' continuous batching, one chat and 32 (`moe.py`);
 writes everything (every round, medians, ratios, the machine) to
 bench_results/bench-<time>.json. The default run took 18 minutes on an idle 2-core CPU (most
-of it transformers on the two real shapes); a loaded machine stretches the wall times, which is
+of it transformers on the two real shapes), before the Mixture-of-Experts comparison was added (a few minutes
+more); a loaded machine stretches the wall times, which is
 why the ratios are taken per round and also per CPU-second.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 
 from ..models.loader import pick_dtype
 from . import llamacpp
+from . import moe as moe_bench
 from .compare import ENGINES, Bench, device_name
 from .presets import DTYPES, PRESETS, SHAPES, model_folder
 from .profile import KERNELS
@@ -66,6 +69,9 @@ def parse_args(argv=None):
     p.add_argument("--llama-cpp-rounds", type=int, default=3, help="rounds of that comparison (default: 3)")
     p.add_argument("--no-llama-cpp", action="store_true", help="skip the one-chat comparison with llama.cpp "
                    "(a --quick run skips it too)")
+    p.add_argument("--moe-model", default="olmoe-1b-7b-shape", help="the Mixture-of-Experts model of the last "
+                   f"comparison: {' or '.join(map(repr, moe_bench.MOE_SHAPES))} or a checkpoint folder (default: %(default)s)")
+    p.add_argument("--no-moe", action="store_true", help="skip the Mixture-of-Experts comparison (a --quick run skips it too)")
     p.add_argument("--quick", action="store_true", help="8 short requests, 1 round, the engine's dtype, default model only")
     p.add_argument("--out", default="bench_results", help="folder for the JSON report")
     args = p.parse_args(argv)
@@ -208,6 +214,10 @@ def main(argv=None) -> dict:
         print("\n== one chat against llama.cpp", flush=True)
         report["llama_cpp"] = llamacpp.run_or_explain(args.llama_cpp_model, rounds=args.llama_cpp_rounds,
                                                       threads=args.threads or 2)
+        path.write_text(json.dumps(report, indent=1))
+    if not (args.no_moe or args.quick):
+        print("\n== a Mixture-of-Experts model against transformers' continuous batching", flush=True)
+        report["moe"] = moe_bench.run(moe_bench.moe_folder(args.moe_model), name=args.moe_model)
         path.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {path}")
     return report
