@@ -38,9 +38,11 @@ PASSED = ("seed", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "
 # fields defined by OpenAI with no part here, and the values that ask for nothing
 NEUTRAL = {"previous_response_id": (None,), "store": (None, False), "background": (None, False),
            "reasoning": (None,), "include": (None, []), "conversation": (None,), "top_logprobs": (None, 0),
-           "truncation": (None, "disabled"), "max_tool_calls": (None,), "prompt": (None,)}
+           "truncation": (None, "disabled"), "max_tool_calls": (None,), "prompt": (None,),
+           "stream_options": (None, {}, {"include_obfuscation": False})}  # no obfuscation padding is sent
 WHY = {"store": "responses are not kept, so none can be retrieved later", "previous_response_id": "responses are "
-       "not kept: send the earlier turns in `input`", "background": "a response is served while the client waits"}
+       "not kept: send the earlier turns in `input`", "background": "a response is served while the client waits",
+       "stream_options": "no obfuscation padding is sent: include_obfuscation: false, or leave it out"}
 
 
 class InputText(_Body):
@@ -153,6 +155,7 @@ class ResponsesBody(_Body):
     truncation: StrictStr | None = None
     max_tool_calls: StrictInt | None = None
     prompt: dict | None = None
+    stream_options: dict | None = None
     # PASSED: the chat body checks them
     seed: Seed | None = None
     top_k: Any = None
@@ -197,20 +200,22 @@ def _renamed(error: APIError) -> APIError:
 
 def to_chat(body: ResponsesBody) -> dict:
     """The /v1/chat/completions body (as JSON) that asks for what `body` asks."""
-    chat = {"messages": _messages(body), "stream": body.stream, "max_tokens": body.max_output_tokens,
+    chat = {"model": body.model, "messages": _messages(body), "stream": body.stream,
+            "max_tokens": body.max_output_tokens,
             **{name: getattr(body, name) for name in ("temperature", "top_p", "parallel_tool_calls", *PASSED)
                if getattr(body, name) is not None}}
     if body.tools:
         chat["tools"] = [_tool(t) for t in body.tools]
     if body.tool_choice is not None:
         choice = body.tool_choice
-        chat["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
+        chat["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
+                                                                      "function": {"name": choice.name}}
     fmt = body.text.format if body.text is not None else None
     if fmt is not None and fmt.type == "json_schema":
         if fmt.schema_ is None:
             raise APIError(400, "text.format: type 'json_schema' needs a 'schema'", param="text")
-        chat["response_format"] = {"type": "json_schema", "json_schema": JsonSchemaFormat(
-            name=fmt.name, description=fmt.description, schema=fmt.schema_, strict=fmt.strict).model_dump(by_alias=True)}
+        schema = JsonSchemaFormat(name=fmt.name, description=fmt.description, schema=fmt.schema_, strict=fmt.strict)
+        chat["response_format"] = {"type": "json_schema", "json_schema": schema.model_dump(by_alias=True)}
     elif fmt is not None and fmt.type == "json_object":
         chat["response_format"] = {"type": "json_object"}
     return chat
@@ -234,7 +239,8 @@ def _messages(body: ResponsesBody) -> list[dict]:
         elif isinstance(item, FunctionCallOutput):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
         else:
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
             last = messages[-1] if messages else {}
             if last.get("role") != "assistant":
                 messages.append(last := {"role": "assistant", "content": None})

@@ -35,7 +35,8 @@ class ResponseReply:
 
     def response(self, status: str, output: list[dict], usage: dict | None = None) -> dict:
         b, choice = self.body, self.body.tool_choice
-        fmt = b.text.format.model_dump(by_alias=True, exclude_none=True) if b.text and b.text.format else {"type": "text"}
+        fmt = b.text.format.model_dump(by_alias=True, exclude_none=True) if b.text and b.text.format \
+            else {"type": "text"}
         return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
                 "completed_at": None if status == "in_progress" else int(time.time()), "error": None,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
@@ -59,7 +60,8 @@ class ResponseReply:
         output += [_call(c, "completed") for c in message.get("tool_calls", ())]
         chat = prompts.usage(len(o.token_ids))
         usage = _usage(chat["prompt_tokens"], chat["prompt_tokens_details"]["cached_tokens"], len(o.token_ids))
-        return json.dumps(self.response("incomplete" if cut else "completed", output, usage), ensure_ascii=False).encode()
+        reply = self.response("incomplete" if cut else "completed", output, usage)
+        return json.dumps(reply, ensure_ascii=False).encode()
 
     async def events(self, first, outputs, render):
         """The SSE body: the response's events as the outputs come (see the module's docstring)."""
@@ -113,8 +115,8 @@ class _Items:
             events.append(self._at("response.output_text.delta", content_index=0, delta=delta["content"], logprobs=[]))
         for call in delta.get("tool_calls", ()):
             if "id" in call:
-                events += self._close(False) + self._open(_call({**call, "function": {**call["function"], "arguments": ""}},
-                                                                "in_progress"))
+                head = {**call, "function": {**call["function"], "arguments": ""}}  # arguments follow as deltas
+                events += self._close(False) + self._open(_call(head, "in_progress"))
             arguments = call["function"].get("arguments")
             if arguments:
                 self.open["arguments"] += arguments
@@ -174,6 +176,7 @@ def _call(call: dict, status: str) -> dict:
 
 
 def _usage(input_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
-    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
+    return {"input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens}

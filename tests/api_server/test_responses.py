@@ -112,8 +112,9 @@ def test_input_items_become_the_chat_messages_they_mean():
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
             "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "22 C and sunny"},
-        {"role": "assistant", "content": "It is warm.", "tool_calls": [{"id": "call_2", "type": "function", "function": {
-            "name": "get_weather", "arguments": "{}"}}]}]
+        {"role": "assistant", "content": "It is warm.", "tool_calls": [{"id": "call_2", "type": "function",
+                                                                         "function": {"name": "get_weather",
+                                                                                      "arguments": "{}"}}]}]
 
 
 @pytest.mark.parametrize("extra, param", [
@@ -124,11 +125,17 @@ def test_input_items_become_the_chat_messages_they_mean():
     ({"max_output_tokens": 0}, "max_output_tokens"), ({"tool_choice": {"type": "function", "name": "nope"},
                                                        "tools": [WEATHER]}, "tool_choice"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{no"}]}, "input"),
-    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text"), ({"n": 2}, "n")])
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text"), ({"n": 2}, "n"),
+    ({"stream_options": {"include_obfuscation": True}}, "stream_options")])
 def test_what_cannot_be_honoured_is_refused_by_name(client, model, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=model, input=ASK, max_output_tokens=2, extra_body=extra)
     assert e.value.body["param"] == param, e.value.body
+
+
+def test_a_model_not_served_is_not_found(client):
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="not-this-one", input=ASK, max_output_tokens=2)
 
 
 def test_a_dropped_stream_frees_its_kv_blocks(client, model, allm, monkeypatch):
