@@ -146,10 +146,9 @@ class _Items:
             text = item["content"][0]["text"]
             events.append(self._at("response.output_text.done", content_index=0, text=text, logprobs=[]))
             events.append(self._at("response.content_part.done", content_index=0, part=_part(text)))
-            item["status"] = "incomplete" if cut else "completed"
-        else:
+        else:  # a named call's arguments cut by max_output_tokens are no JSON: the item says so
             events.append(self._at("response.function_call_arguments.done", arguments=item["arguments"]))
-            item["status"] = "completed"
+        item["status"] = "incomplete" if cut else "completed"
         events.append(self._at("response.output_item.done", item=item))
         self.done.append(item)
         self.open = None
