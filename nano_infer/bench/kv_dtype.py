@@ -3,7 +3,7 @@
     python -m nano_infer.bench.kv_dtype                      # SmolLM2-135M (the GGUF of `make models`)
     python -m nano_infer.bench.kv_dtype --model <dir or .gguf> --rounds 5
 
-Three measurements, each against kv_cache_dtype="auto" on the same weights:
+The measurements, each against kv_cache_dtype="auto" on the same weights:
 
 - accuracy: a text the model did not write, scored teacher-forced (prompt log-probs, `SamplingParams.
   prompt_logprobs`) in prefill chunks of 16 tokens, so almost every attention read goes through the cache
@@ -12,7 +12,8 @@ Three measurements, each against kv_cache_dtype="auto" on the same weights:
 - keys by hand: the model's real K (every layer, after rotary) quantized with one scale per token and
   head, the same after the Hadamard rotation (what the engine does) and with one scale per channel per
   block of 16 tokens (KIVI's choice for keys), the relative error of each; then the same K with one channel
-  made an outlier (`k_scale_study`).
+  made an outlier (`k_scale_study`); and, in one dense pass, what keeping each query's own (unfinished)
+  block exact would add to the rotation (`open_block_study`, a simulation: the engine has no such buffer).
 - capacity: the tokens a pool of the same bytes holds per dtype (`pool_tokens`), and a batch of
   requests at a budget where bfloat16 preempts: preemptions and time per dtype, interleaved rounds, the
   ratio of medians with its verdict (`compare_preemption`).
@@ -75,8 +76,7 @@ def teacher_forced_logprobs(llm, token_ids: list[int]) -> Scores:
 
 
 def accuracy(reference: Scores, candidate: Scores) -> dict:
-    """Mean and largest |difference| of the tokens' log-probs (nats), and the share of positions whose most
-    likely token is the same."""
+    """Mean and largest |log-prob difference| (nats), and the share of positions whose most likely token agrees."""
     diffs = [abs(a - b) for a, b in zip(reference.logprobs, candidate.logprobs)]
     agree = sum(a == b for a, b in zip(reference.top1, candidate.top1))
     return dict(mean_abs_dlogprob=statistics.fmean(diffs), max_abs_dlogprob=max(diffs),
@@ -103,31 +103,29 @@ class _Recorder(DenseAttention):
 
 
 @torch.inference_mode()
+def dense_pass(llm, token_ids: list[int], backend: DenseAttention) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_ids` as one prompt through the model, attention by `backend`, no cache: (ids, final hidden states)."""
+    ids = torch.tensor(token_ids, device=llm.engine.device)
+    backend.meta = AttentionMetadata(slot_mapping=None, prefills=[SeqSlice(0, len(ids), len(ids))])
+    return ids, llm.engine.model(ids, torch.arange(len(ids), device=ids.device), backend)
+
+
 def model_keys(llm, token_ids: list[int]) -> list[torch.Tensor]:
     """Per layer, the keys of `token_ids` as one prompt: [T, kv_heads, head_dim] in float32."""
-    engine = llm.engine
-    ids = torch.tensor(token_ids, device=engine.device)
-    recorder = _Recorder()
-    recorder.meta = AttentionMetadata(slot_mapping=None, prefills=[SeqSlice(0, len(ids), len(ids))])
-    engine.model(ids, torch.arange(len(ids), device=engine.device), recorder)
+    dense_pass(llm, token_ids, recorder := _Recorder())
     return recorder.keys
 
 
-def per_token(k: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
-    """K quantized and read back with one scale per token and head, as it comes (no rotation)."""
-    return dequantize(*quantize(k, kv_cache_dtype), torch.float32)
-
-
-def rotated(k: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
-    """K rotated (`quant.rotation`), quantized with one scale per token and head, read back and rotated back:
-    the engine's layout, its error seen in the model's own channels."""
-    turn = rotation(k.shape[-1])
+def per_token(k: torch.Tensor, kv_cache_dtype: str, rotate: bool = False) -> torch.Tensor:
+    """K read back with one scale per token and head; `rotate`: turned by `quant.rotation` first and back after
+    reading (the engine's layout), else as it comes."""
+    turn = rotation(k.shape[-1]) if rotate else torch.eye(k.shape[-1])
     return dequantize(*quantize(k.float() @ turn, kv_cache_dtype), torch.float32) @ turn.T
 
 
 def per_channel(k: torch.Tensor, kv_cache_dtype: str, block_size: int = 16) -> torch.Tensor:
-    """K quantized and read back with one scale per channel and head over each block of `block_size` tokens
-    (KIVI's layout for keys; a trailing partial block is left out, so the result may be shorter)."""
+    """K read back with one scale per channel and head per block of `block_size` tokens (KIVI's layout for keys; a
+    trailing partial block is left out, so the result may be shorter)."""
     T = k.shape[0] // block_size * block_size
     blocks = k[:T].reshape(T // block_size, block_size, *k.shape[1:]).permute(0, 2, 3, 1)  # [n, KVH, D, tokens]
     back = dequantize(*quantize(blocks, kv_cache_dtype), torch.float32)
@@ -142,16 +140,14 @@ def relative_error(k: torch.Tensor, back: torch.Tensor, channels: torch.Tensor) 
 
 def with_outlier_channel(k: torch.Tensor, channel: int = OUTLIER_CHANNEL, factor: float = 20.0) -> torch.Tensor:
     """K with one channel (of every head) `factor` times larger: the outlier channels KIVI and KVQuant report."""
-    k = k.clone()
-    k[..., channel] *= factor
-    return k
+    return k * torch.where(torch.arange(k.shape[-1], device=k.device) == channel, factor, 1.0)
 
 
 def k_scale_study(keys: list[torch.Tensor], dtypes=("int8", "fp8_e4m3"), block_size: int = 16) -> list[dict]:
     """Per dtype, the relative error of K (mean over layers) with per-token scales (plain and rotated, the engine's)
-    and with per-channel-per-block scales, for the model's own keys and for the same keys with an outlier channel planted: over all channels, and over
-    the other channels (an outlier makes a per-token scale coarse for every channel beside it). The largest
-    channel-to-median amax ratio says how outlying the channels are."""
+    and per-channel-per-block ones, for the model's keys and the same with an outlier channel planted: over all
+    channels, and over the others (an outlier makes a per-token scale coarse for every channel beside it). The
+    largest channel-to-median amax ratio says how outlying the channels are."""
     others = torch.ones(keys[0].shape[-1], dtype=torch.bool)
     others[OUTLIER_CHANNEL] = False
     everything = torch.ones_like(others)
@@ -160,15 +156,48 @@ def k_scale_study(keys: list[torch.Tensor], dtypes=("int8", "fp8_e4m3"), block_s
         amax = torch.stack([k.abs().amax(dim=(0, 1)) for k in ks])  # [layers, head_dim]
         spread = float((amax.amax(-1) / amax.median(-1).values).max())
         for d in dtypes:
-            backs = {"per_token": [per_token(k, d) for k in ks], "rotated": [rotated(k, d) for k in ks],
+            backs = {"per_token": [per_token(k, d) for k in ks], "rotated": [per_token(k, d, rotate=True) for k in ks],
                      "per_channel": [per_channel(k, d, block_size) for k in ks]}
             row = dict(keys=label, kv_cache_dtype=d, channel_amax_over_median=spread)
             for name, channels in (("", everything), ("_other_channels", others)):
                 for layout, back in backs.items():
-                    row[layout + name] = statistics.fmean(
-                        relative_error(k, b, channels) for k, b in zip(ks, back))
+                    row[layout + name] = statistics.fmean(relative_error(k, b, channels) for k, b in zip(ks, back))
             rows.append(row)
     return rows
+
+
+# -- what an exact open block would buy: a simulation, not the engine ----------------------------------------
+class _OpenBlock(DenseAttention):
+    """One dense pass: each query sees earlier blocks' K/V rounded as the pool keeps them (rotated, per token) and, if
+    `own_exact`, its own block's exact, as a pool that also kept each sequence's unfinished block would."""
+
+    def __init__(self, kv_cache_dtype: str | None, own_exact: bool = False, block_size: int = 16):
+        super().__init__(None)
+        self.kv_cache_dtype, self.own_exact, self.block_size = kv_cache_dtype, own_exact, block_size
+
+    def attend(self, layer, q, k, v):
+        if self.kv_cache_dtype is None:  # the reference: exact everywhere
+            return super().attend(layer, q, k, v)
+        groups, pos = q.shape[1] // k.shape[1], torch.arange(q.shape[0], device=q.device)
+        heads = lambda x: x.float().repeat_interleave(groups, 1).transpose(0, 1)  # noqa: E731  [H, T, D]
+        kr, vr = (heads(per_token(x, self.kv_cache_dtype, rotate=True)) for x in (k, v))
+        own = (pos[:, None] // self.block_size == pos[None, :] // self.block_size) & self.own_exact
+        qh = q.float().transpose(0, 1) / q.shape[-1] ** 0.5
+        p = torch.where(own, qh @ heads(k).mT, qh @ kr.mT).masked_fill(pos[None, :] > pos[:, None], -torch.inf)
+        p = p.softmax(-1)
+        return ((p * own) @ heads(v) + (p * ~own) @ vr).transpose(0, 1).to(q.dtype)
+
+
+@torch.inference_mode()
+def open_block_study(llm, token_ids: list[int], dtypes=("int8", "fp8_e4m3")) -> dict[str, dict[str, dict]]:
+    """Per dtype, `accuracy` against exact K/V with all K/V rounded, and with each query's own block exact."""
+    def scores(backend):
+        ids, hidden = dense_pass(llm, token_ids, backend)
+        lp = llm.engine.model.compute_logits(hidden).float().log_softmax(-1)
+        return Scores(lp[:-1].gather(1, ids[1:, None])[:, 0].tolist(), lp[:-1].argmax(-1).tolist())
+
+    ref, cases = scores(_OpenBlock(None)), (("rounded", False), ("own block exact", True))
+    return {d: {k: accuracy(ref, scores(_OpenBlock(d, own))) for k, own in cases} for d in dtypes}
 
 
 # -- capacity -------------------------------------------------------------------------------------------
@@ -243,10 +272,14 @@ def main(argv: list[str] | None = None) -> dict:
               f"(max {a['max_abs_dlogprob']:.3f}), top-1 agreement {a['top1_agreement']:.1%}")
     result["k_scales"] = k_scale_study(model_keys(ref, token_ids))
     for r in result["k_scales"]:
-        print(f"{r['keys']:9s} {r['kv_cache_dtype']:8s} relative error per token {r['per_token']:.4f} / rotated "
-              f"{r['rotated']:.4f} / per channel per block {r['per_channel']:.4f}; other channels "
-              f"{r['per_token_other_channels']:.4f} / {r['rotated_other_channels']:.4f} / "
-              f"{r['per_channel_other_channels']:.4f} (largest channel amax / median {r['channel_amax_over_median']:.1f})")
+        errs = [" / ".join(f"{r[k + s]:.4f}" for k in ("per_token", "rotated", "per_channel"))
+                for s in ("", "_other_channels")]
+        print(f"{r['keys']:9s} {r['kv_cache_dtype']:8s} relative error per token / rotated / per channel per block "
+              f"{errs[0]}; other channels {errs[1]} (channel amax / median {r['channel_amax_over_median']:.1f})")
+    result["open_block"] = open_block_study(ref, token_ids)
+    for d, r in result["open_block"].items():
+        print(f"{d:9s} one dense pass: " + "; ".join(
+            f"{k}: {a['mean_abs_dlogprob']:.4f} nats, top-1 {a['top1_agreement']:.1%}" for k, a in r.items()))
     run = compare_preemption(args.model, rounds=args.rounds, **{k: v for k, v in weights.items() if k != "dtype"})
     print(f"KV budget {run.kv_cache_memory / 2**20:.2f} MiB for a workload needing {run.tokens_needed:,} tokens:")
     for d in run.seconds:
