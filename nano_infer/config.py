@@ -63,6 +63,7 @@ class EngineConfig:
     distributed_timeout: float = 300.0  # seconds a step (or start-up) waits for a rank before it fails
     speculative_config: dict | None = None  # {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}
     constraint_limits: ConstraintLimits | None = None  # None: its defaults
+    structured_outputs_config: dict | None = None  # vLLM's {"backend": "auto" | "guidance" | "nano"} (backends.py)
     # chapter 12: GiB of host memory for a second KV tier (vLLM's knob; summed over tensor-parallel ranks); 0: off
     kv_offloading_size: float = 0
     kv_offloading_backend: str = "native"  # vLLM's knob: "native" is the only one here

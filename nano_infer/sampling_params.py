@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .constrained.params import GuidedDecodingParams, StructuredOutputsParams
+from .constrained.params import CONSTRAINT_FIELDS, GuidedDecodingParams, StructuredOutputsParams
 from .constrained.token_rules import MAX_TOKEN_RULES, TokenRules, build_token_rules  # noqa: F401 (the server caps by it)
 from .outputs import RequestOutputKind
 
@@ -76,6 +76,8 @@ class SamplingParams:
     regex: str | None = None
     json_schema: dict | str | Any | None = None
     choice: list[str] | None = None
+    grammar: str | None = None  # GBNF or Lark, through llguidance (vLLM's StructuredOutputsParams.grammar)
+    structural_tag: str | dict | None = None  # vLLM's: JSON {"structures": [...], "triggers": [...]}
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     # vLLM's cache_salt: requests share prefix-cache blocks only with requests of the same salt, so a
@@ -121,7 +123,7 @@ class SamplingParams:
         if not isinstance(so, StructuredOutputsParams):
             raise ValueError(f"SamplingParams.{asked[0]} must be a StructuredOutputsParams, got {type(so).__name__}")
         mapped = so.constraint()  # a copy (dataclasses.replace) carries the mapped field already: no clash
-        given = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None and
+        given = [k for k in CONSTRAINT_FIELDS if getattr(self, k) is not None and
                  getattr(self, k) != mapped.get(k)]
         if len(asked) > 1 or given:
             raise ValueError(f"SamplingParams: give one constraint, got {asked + given}")
@@ -161,9 +163,9 @@ class SamplingParams:
             bad("cache_salt", self.cache_salt, f"None or a non-empty string of at most {MAX_CACHE_SALT} characters")
         self._validate_logits_rules(bad)
         self._validate_vllm_fields(bad)
-        kinds = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None]
+        kinds = [k for k in CONSTRAINT_FIELDS if getattr(self, k) is not None]
         if len(kinds) > 1:
-            raise ValueError(f"SamplingParams: give at most one of regex, json_schema, choice (got {kinds})")
+            raise ValueError(f"SamplingParams: give at most one of {', '.join(CONSTRAINT_FIELDS)} (got {kinds})")
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
             bad("choice", self.choice, "a non-empty list of non-empty strings")
 
@@ -227,7 +229,7 @@ class SamplingParams:
 
     @property
     def constrained(self) -> bool:
-        return self.regex is not None or self.json_schema is not None or self.choice is not None
+        return any(getattr(self, k) is not None for k in CONSTRAINT_FIELDS)
 
 
 # length ** length_penalty stays a finite, non-zero float for every length up to 2**20 (2000 overflowed: a 500)

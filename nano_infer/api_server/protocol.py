@@ -111,7 +111,8 @@ class StructuredOutputs(_Body):
     json_: dict | StrictStr | None = Field(None, alias="json")
     choice: Capped(StrictStr, MAX_CHOICE_OPTIONS) | None = None
     json_object: StrictBool | None = None
-    grammar: StrictStr | None = None
+    grammar: StrictStr | None = None  # GBNF or Lark (llguidance)
+    structural_tag: dict | StrictStr | None = None  # {"structures": [{"begin", "schema", "end"}], "triggers": [...]}
 
 
 class _GenerateBody(_Body):
@@ -158,9 +159,9 @@ class _GenerateBody(_Body):
     bad_words: Capped(StrictStr, MAX_BAD_WORDS) | None = None
     allowed_token_ids: Capped(StrictInt, MAX_TOKEN_RULES) | None = None
     include_stop_str_in_output: StrictBool = False
+    guided_grammar: StrictStr | None = None  # vLLM's older structured_outputs.grammar
     # defined by vLLM, not implemented: accepted only with the neutral value (sampling.NEUTRAL)
     guided_whitespace_pattern: StrictStr | None = None
-    guided_grammar: StrictStr | None = None
     spaces_between_special_tokens: StrictBool | None = None
     truncate_prompt_tokens: StrictInt | None = None
     # vLLM's: the response's id (after "cmpl-" / "chatcmpl-"); the engine's own ids stay the server's

@@ -10,7 +10,10 @@ from __future__ import annotations
 import threading
 
 from ..constrained import ConstraintLimits
+from ..constrained.backends import backend_for
 from ..constrained.compile_pool import CompilePool
+from ..constrained.constraint import compile_any, constraint_key
+from ..constrained.params import CONSTRAINT_FIELDS
 from ..constrained.token_index import TokenIndex
 from ..engine.llm_engine import LLMEngine
 from ..sampling_params import SamplingParams
@@ -25,7 +28,13 @@ class ConstraintCompiler:
         self._closed = False
 
     async def index(self, params: SamplingParams, trusted: bool = False, tenant: str | None = None) -> TokenIndex | None:
-        """The constraint's token index, compiled in a worker (`trusted`: the operator's own, no time limit)."""
+        """The constraint's token index, compiled in a worker (`trusted`: the operator's own, no time limit);
+        or llguidance's GrammarIndex, checked on the tokenizer thread (its own limits bound the work)."""
+        kind = next((k for k in CONSTRAINT_FIELDS if getattr(params, k, None) is not None), None)
+        if kind is not None and backend_for(kind, self.engine.constraint_backend) == "guidance":
+            limits = self.engine.config.constraint_limits or ConstraintLimits()
+            return await self._tokenizer_thread.run(tenant, lambda: compile_any(
+                constraint_key(params), self.engine.vocabulary, limits, backend="guidance"))
         if self.pool is None:
             vocab = await self._tokenizer_thread.run(None, lambda: self.engine.vocabulary)  # built once, off the loop
             with self._lock:

@@ -12,6 +12,7 @@ from dataclasses import fields
 
 from ..config import (ATTENTIONS, KV_CACHE_DTYPES, KV_CACHES, OFFLOADING_BACKENDS, PREEMPTION_MODES, PREFIX_CACHES,
                       QUANTIZATIONS, EngineConfig)
+from ..constrained.backends import BACKENDS, backend_of
 
 _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 
@@ -69,6 +70,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
             default = _prefix_cache_flag(default)
             kwargs = dict(kwargs, choices=[_prefix_cache_flag(c) for c in PREFIX_CACHES])
         p.add_argument("--" + name.replace("_", "-"), default=default, **kwargs)
+    p.add_argument("--structured-outputs-backend", "--structured-outputs-config.backend", "--structured-outputs-config",
+                   dest="structured_outputs_config", type=_structured_outputs_config, default=None,
+                   help="who compiles constraints (vLLM's structured_outputs_config backend, by name or as JSON): "
+                        "guidance (llguidance: also GBNF/Lark grammars and structural tags), nano (chapter 07's "
+                        "regex -> DFA -> token masks), auto (default: llguidance for grammars and structural tags, "
+                        "the DFA for the rest)")
+
+
+def _structured_outputs_config(value: str) -> dict:
+    """`guidance` or vLLM's JSON `{"backend": "guidance"}`: the engine's structured_outputs_config."""
+    try:
+        config = json.loads(value) if value.lstrip().startswith("{") else {"backend": value}
+        backend_of(config)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{value!r}: {e}; backends: {', '.join(BACKENDS)}") from None
+    return config
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -76,6 +93,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = {name: getattr(args, name) for name in _OPTIONS if name != "model"}
     if kwargs["prefix_cache"] == "none":
         kwargs["prefix_cache"] = None
+    if getattr(args, "structured_outputs_config", None) is not None:
+        kwargs["structured_outputs_config"] = args.structured_outputs_config
     spec, kwargs["speculative_config"] = kwargs["speculative_config"], None
     if spec:
         try:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .backends import backend_for
 from .byte_dfa import ByteDFA
 from .json_schema import escape, json_schema_to_regex, load_schema
 from .limits import ConstraintLimits
@@ -38,6 +39,10 @@ class Constraint:
             raise ValueError(f"token {token_id} is not allowed by the constraint in state {self.state}")
         self.state = nxt
 
+    def allows(self, token_id: int) -> bool:
+        """Whether `token_id` may come next (speculative decoding cuts proposals at the first that may not)."""
+        return self.index.next_state(self.state, int(token_id)) >= 0
+
     @property
     def is_accepting(self) -> bool:
         return bool(self.index.accepting[self.state])
@@ -52,20 +57,32 @@ class Constraint:
 
 
 def build_constraint(params, vocab: TokenVocabulary, device="cpu", limits: ConstraintLimits = DEFAULT_LIMITS,
-                     index: TokenIndex | None = None) -> Constraint | None:
-    """The constraint `params` asks for (regex, json_schema or choice), or None if none.
+                     index=None, backend: str = "auto"):
+    """The constraint `params` asks for (regex, json_schema, choice, grammar, structural_tag), or None if none.
 
-    `index` is the token index when the caller compiled it already (AsyncLLM does, off the
-    engine thread). Raises ValueError, saying why, for a regex that matches nothing or cannot
-    be compiled, a malformed schema, a schema keyword this module does not support, or a
-    constraint over `limits`.
+    `index` is the token index (or llguidance's GrammarIndex) when the caller compiled it already
+    (AsyncLLM does, off the engine thread); `backend` picks who compiles it otherwise (backends.py).
+    Raises ValueError, saying why, for a regex that matches nothing or cannot be compiled, a malformed
+    schema or grammar, a schema keyword the DFA path does not support, or a constraint over `limits`.
     """
     if index is None:
         key = constraint_key(params)
         if key is None:
             return None
-        index = token_index(key, vocab, limits)
+        index = compile_any(key, vocab, limits, backend)
+    if not isinstance(index, TokenIndex):
+        from .grammar_backend import grammar_constraint  # llguidance is imported by the first request that uses it
+        return grammar_constraint(index, device)
     return Constraint(index, torch.device(device), index.initial)
+
+
+def compile_any(key: tuple[str, str], vocab: TokenVocabulary, limits: ConstraintLimits = DEFAULT_LIMITS,
+                backend: str = "auto", owner: Hashable = None):
+    """The compiled form of `key` by the backend it goes to: a TokenIndex (cached) or a GrammarIndex."""
+    if backend_for(key[0], backend) == "nano":
+        return token_index(key, vocab, limits, owner)
+    from .grammar_backend import GrammarIndex
+    return GrammarIndex.compile(key, vocab, limits)
 
 
 def constraint_key(params) -> tuple[str, str] | None:
@@ -82,6 +99,10 @@ def constraint_key(params) -> tuple[str, str] | None:
             raise ValueError(f"json_schema is not a JSON document: {e}") from e
     if params.choice is not None:
         return ("choice", json.dumps(list(params.choice), ensure_ascii=False))
+    for kind in ("grammar", "structural_tag"):
+        text = getattr(params, kind, None)
+        if text is not None:
+            return (kind, text if isinstance(text, str) else json.dumps(text, ensure_ascii=False))
     return None
 
 
@@ -90,7 +111,10 @@ def check_key(key: tuple[str, str], limits: ConstraintLimits = DEFAULT_LIMITS) -
     nesting, and the length of a schema's regex (computed, not written). Cheap enough for an event loop."""
     kind, text = key
     limits.check_spec(kind.replace("_", " "), text)
-    if kind == "json_schema":
+    if kind in ("grammar", "structural_tag"):
+        from .grammar_backend import check_grammar
+        check_grammar(kind, text)
+    elif kind == "json_schema":
         schema_regex_chars(json.loads(text), limits)
 
 

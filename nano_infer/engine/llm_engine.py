@@ -24,6 +24,7 @@ from types import MappingProxyType
 
 from ..config import EngineConfig
 from ..constrained import ConstraintLimits, build_constraint
+from ..constrained.backends import backend_of
 from ..constrained.constraint import Constraint
 from ..constrained.token_index import TokenIndex
 from ..constrained.vocabulary import TokenVocabulary
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, model: str | None = None, **kwargs):
         config = EngineConfig.from_kwargs(model, **drop_neutral_options(kwargs))  # vLLM's no-op options: at neutral
+        self.constraint_backend = backend_of(config.structured_outputs_config)  # checked before the model loads
         parts = self.parts = build_engine(config)  # checked, then built in order
         self.config, self.device, self.dtype = parts.config, parts.device, parts.dtype
         self.model_dir, self.gguf_file, self.model_name = parts.model_dir, parts.gguf_file, parts.model_name
@@ -195,7 +197,7 @@ class LLMEngine:
         if not params.constrained:
             return None
         return build_constraint(params, self.vocabulary, self.device, self.config.constraint_limits or ConstraintLimits(),
-                                index)
+                                index, self.constraint_backend)
 
     @property
     def vocabulary(self) -> TokenVocabulary:

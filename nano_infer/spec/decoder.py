@@ -124,7 +124,7 @@ class SpeculativeDecoder(Feature[None]):
         """Keep proposals up to the first one the constraint would not allow."""
         c = entry.seq.sampling.constraint.fork()
         for j, token in enumerate(entry.spec_token_ids):
-            if c.index.next_state(c.state, token) < 0:
+            if not c.allows(token):
                 del entry.spec_token_ids[j:]
                 del entry.spec_draft_probs[j:]
                 return
