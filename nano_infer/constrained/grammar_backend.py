@@ -27,6 +27,9 @@ from .limits import ConstraintLimits
 from .vocabulary import TokenVocabulary
 
 TEXT = r"/(.|\n)*/"  # free text around a structural tag's structures
+# the 8 mask entries each byte of llguidance's bitmask stands for (bit i: token 8k + i): one gather per step
+_BYTE_ROWS = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little"),
+                      np.float32(0), np.float32("-inf"))
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # TokenVocabulary -> LLTokenizer
 
 
@@ -40,7 +43,7 @@ def grammar_text(kind: str, text: str, limits: ConstraintLimits = ConstraintLimi
             lark = structural_tag_lark(json.loads(text))
         elif kind == "json_schema":
             return llguidance.LLMatcher.grammar_from_json_schema(
-                closed(json.loads(text)), defaults={"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"})
+                closed(json.loads(text)), defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
         elif kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(text)
         else:
@@ -166,9 +169,8 @@ class GrammarConstraint:
 
     def mask(self) -> torch.Tensor:
         """0 where the next token is allowed, -inf elsewhere: a row to add to the logits."""
-        words = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        bits = np.unpackbits(words, bitorder="little")[: self.index.vocab_size]
-        return torch.from_numpy(np.where(bits, np.float32(0), np.float32("-inf"))).to(self.device)
+        packed = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        return torch.from_numpy(_BYTE_ROWS[packed].reshape(-1)[: self.index.vocab_size]).to(self.device)
 
     def allows(self, token_id: int) -> bool:
         return self.matcher.validate_tokens([int(token_id)]) == 1

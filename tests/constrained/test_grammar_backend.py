@@ -108,6 +108,7 @@ def test_guidance_backend_takes_json_schema(qwen2_dir):
     out = llm.generate(["{"], SamplingParams(temperature=0, max_tokens=40, json_schema=schema))[0].outputs[0]
     assert out.finish_reason == "stop"
     jsonschema.validate(json.loads(out.text), schema)
+    assert out.text == json.dumps(json.loads(out.text), ensure_ascii=False)  # the DFA path's layout
 
 
 @pytest.fixture(scope="module")
