@@ -68,11 +68,13 @@ class QuantizedLayerKV:
     rotation: torch.Tensor
 
     def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        (kq, ks), (vq, vs) = (quantize(x @ self.rotation, self.kv_cache_dtype) for x in (k, v))
+        # K and V stacked: one rotation, one quantize and one dequantize a layer instead of two of each
+        q, s = quantize(torch.stack((k, v)) @ self.rotation, self.kv_cache_dtype)
         container = self.values.k_slots.dtype
-        self.values.write(slot_mapping, kq.view(container), vq.view(container))
-        self.scales.write(slot_mapping, ks, vs)
-        return dequantize(kq, ks, self.dtype), dequantize(vq, vs, self.dtype)
+        self.values.write(slot_mapping, q[0].view(container), q[1].view(container))
+        self.scales.write(slot_mapping, s[0], s[1])
+        back = dequantize(q, s, self.dtype)
+        return back[0], back[1]
 
     def read(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n, head_dim = block_ids.shape[0], self.values.k_slots.shape[-1]
