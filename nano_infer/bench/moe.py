@@ -147,7 +147,7 @@ def format_split(splits: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(folder: str, requests: int = 32, rounds: int = 2, dtype: str = "auto", seed: int = 0, name: str | None = None,
+def run(folder: str, requests: int = 32, rounds: int = 3, dtype: str = "auto", seed: int = 0, name: str | None = None,
         one_chat_len: tuple[int, int] = (128, 64), prompt_len=(32, 160), output_len=(32, 64)) -> dict:
     """Everything above on one checkpoint, printed; the numbers returned (JSON-ready)."""
     bench = Bench(folder, ENGINES, dtype=dtype)
@@ -155,12 +155,13 @@ def run(folder: str, requests: int = 32, rounds: int = 2, dtype: str = "auto", s
     try:
         params = parameter_counts(engine.model, cfg)
         dtype_name = str(engine.dtype).removeprefix("torch.")
-        print(f"\n== {name or folder} in {dtype_name}, {torch.get_num_threads()} threads: {cfg.num_experts} experts, top "
+        threads = torch.get_num_threads()
+        print(f"\n== {name or folder} in {dtype_name}, up to {threads} thread{'s' * (threads > 1)}: {cfg.num_experts} experts, top "
               f"{cfg.num_experts_per_tok}, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}; "
               f"{params['total'] / 1e6:.1f}M parameters ({params['experts'] / params['total']:.0%} in experts), "
               f"{params['active'] / 1e6:.1f}M active per token ({params['total'] / params['active']:.1f}x fewer)",
               flush=True)
-        out = {"model": name or folder, "folder": folder, "dtype": dtype_name, "threads": torch.get_num_threads(),
+        out = {"model": name or folder, "folder": folder, "dtype": dtype_name, "threads": threads,
                "parameters": params, "one_chat": one_chat(bench, rounds, *one_chat_len, seed=seed),
                "chats": chats(bench, requests, rounds, prompt_len, output_len, seed)}
         out["split"] = [step_split(engine, n) for n in (1, requests)]
@@ -175,7 +176,7 @@ def parse_args(argv=None):
     p.add_argument("--model", nargs="+", default=["olmoe-1b-7b-shape"],
                    help=f"{' or '.join(map(repr, MOE_SHAPES))} (random weights, built offline) or a checkpoint folder")
     p.add_argument("--requests", type=int, default=32, help="chats at once (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds per comparison (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per comparison (default: %(default)s)")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (default: the engine's choice)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     args = p.parse_args(argv)
