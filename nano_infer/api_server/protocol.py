@@ -100,8 +100,10 @@ class JsonSchemaFormat(_Body):
 
 
 class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    structures: list[dict] | None = None  # structural_tag (vLLM's): [{"begin", "schema", "end"}], with `triggers`
+    triggers: list[StrictStr] | None = None
 
 
 class StructuredOutputs(_Body):

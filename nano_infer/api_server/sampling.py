@@ -95,6 +95,9 @@ def constraint_fields(body) -> tuple:
         asked.append(("response_format", None, fmt.json_schema.schema_, None, None, None))
     elif fmt is not None and fmt.type == "json_object":
         asked.append(("response_format", None, JSON_OBJECT, None, None, None))
+    elif fmt is not None and fmt.type == "structural_tag":
+        tag = {"structures": fmt.structures, "triggers": fmt.triggers}
+        asked.append(("response_format", None, None, None, None, _grammar(tag, "structural_tag", "response_format")))
     if body.guided_regex is not None:
         asked.append(("guided_regex", body.guided_regex, None, None, None, None))
     if body.guided_json is not None:

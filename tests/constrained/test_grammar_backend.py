@@ -130,3 +130,12 @@ def test_server_grammar(server, field):
     bad = {"structured_outputs": {"grammar": "root ::= ("}} if field == "structured_outputs" else {"guided_grammar": "x"}
     r = httpx.post(server.url + "/v1/completions", json=body | bad, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_server_structural_tag_in_response_format(server):
+    fmt = {"type": "structural_tag", "structures": TAG["structures"], "triggers": TAG["triggers"]}
+    body = {"prompt": "<call=w>", "max_tokens": 20, "temperature": 0, "response_format": fmt}
+    assert httpx.post(server.url + "/v1/completions", json=body, timeout=60).status_code == 200
+    fmt["triggers"] = ["<nope"]
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
