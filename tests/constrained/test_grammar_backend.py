@@ -67,6 +67,15 @@ def test_gbnf_constrains_greedy_and_sampled_output(llm):
         assert completion.finish_reason == "stop" and parses(completion.text), completion
 
 
+def test_masks_equal_the_dfas_for_the_same_language(llm):
+    """GBNF is regular (depth bounded): its regex through chapter 07's DFA must give the same seeded samples."""
+    regex = r"\(([0-9]|\([0-9](,[0-9])?\))(,([0-9]|\([0-9](,[0-9])?\)))?\)"
+    texts = [[c.text for c in llm.generate(PROMPTS[:1], SamplingParams(temperature=1.0, seed=5, n=4, max_tokens=30,
+                                                                        **kw))[0].outputs]
+             for kw in ({"grammar": GBNF}, {"regex": regex})]
+    assert texts[0] == texts[1] and len(set(texts[0])) > 1, texts
+
+
 def test_ngram_speculation_keeps_the_output(llm, qwen2_dir):
     spec = LLM(str(qwen2_dir), dtype="float32", speculative_config={
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
