@@ -69,11 +69,11 @@ class QuantizedLayerKV:
 
     def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # K and V stacked: one rotation, one quantize and one dequantize a layer instead of two of each
-        q, s = quantize(torch.stack((k, v)) @ self.rotation, self.kv_cache_dtype)
+        values, scales = quantize(torch.stack((k, v)) @ self.rotation, self.kv_cache_dtype)
         container = self.values.k_slots.dtype
-        self.values.write(slot_mapping, q[0].view(container), q[1].view(container))
-        self.scales.write(slot_mapping, s[0], s[1])
-        back = dequantize(q, s, self.dtype)
+        self.values.write(slot_mapping, values[0].view(container), values[1].view(container))
+        self.scales.write(slot_mapping, scales[0], scales[1])
+        back = dequantize(values, scales, self.dtype)
         return back[0], back[1]
 
     def read(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
