@@ -71,7 +71,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
             kwargs = dict(kwargs, choices=[_prefix_cache_flag(c) for c in PREFIX_CACHES])
         p.add_argument("--" + name.replace("_", "-"), default=default, **kwargs)
     p.add_argument("--structured-outputs-backend", "--structured-outputs-config.backend", "--structured-outputs-config",
-                   dest="structured_outputs_config", type=_structured_outputs_config, default=None,
+                   dest="structured_outputs_config", type=_structured_outputs_config, default=None, metavar="BACKEND",
                    help="who compiles constraints (vLLM's structured_outputs_config backend, by name or as JSON): "
                         "guidance (llguidance: also GBNF/Lark grammars and structural tags), nano (chapter 07's "
                         "regex -> DFA -> token masks), auto (default: llguidance for grammars and structural tags, "

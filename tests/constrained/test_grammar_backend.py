@@ -148,3 +148,14 @@ def test_server_structural_tag_in_response_format(server):
     fmt["triggers"] = ["<nope"]
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+
+
+def test_command_line_backend():
+    from nano_infer.cli.arg_utils import EngineArgs, FlexibleArgumentParser
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    for flags, config in ((["--structured-outputs-backend", "nano"], {"backend": "nano"}),
+                          (["--structured-outputs-config", '{"backend": "guidance"}'], {"backend": "guidance"}),
+                          ([], None)):
+        assert EngineArgs.from_cli_args(parser.parse_args(flags)).structured_outputs_config == config
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--structured-outputs-backend", "xgrammar"])
