@@ -27,6 +27,7 @@ from .limits import ConstraintLimits
 from .vocabulary import TokenVocabulary
 
 TEXT = r"/(.|\n)*/"  # free text around a structural tag's structures
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # json.dumps', as the DFA's
 # the 8 mask entries each byte of llguidance's bitmask stands for (bit i: token 8k + i): one gather per step
 _BYTE_ROWS = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little"),
                       np.float32(0), np.float32("-inf"))
@@ -42,8 +43,7 @@ def grammar_text(kind: str, text: str, limits: ConstraintLimits = ConstraintLimi
         elif kind == "structural_tag":
             lark = structural_tag_lark(json.loads(text))
         elif kind == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(
-                closed(json.loads(text)), defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+            return llguidance.LLMatcher.grammar_from_json_schema(closed(json.loads(text)), defaults=JSON_LAYOUT)
         elif kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(text)
         else:
@@ -88,7 +88,7 @@ def structural_tag_lark(tag: dict) -> str:
             raise ValueError(f"structures[{i}].begin {begin!r} starts with none of the triggers")
         rest = json.dumps(begin[len(trigger):]) if len(begin) > len(trigger) else ""
         rules.append(f"tag{i}_start[lazy]: TEXT {json.dumps(trigger)}")
-        rules.append(f"tag{i}: tag{i}_start {rest} %json {json.dumps(s.get('schema', {}))} "
+        rules.append(f"tag{i}: tag{i}_start {rest} %json {json.dumps(closed(s.get('schema', {})))} "
                      f"{json.dumps(end) if end else ''}")
         names.append(f"tag{i}")
     return "\n".join([f"start: ({' | '.join(names)})* TEXT", f"TEXT: {TEXT}", *rules]) + "\n"
