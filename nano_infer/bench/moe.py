@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from statistics import median
 from collections import Counter
+from statistics import median
 
 import torch
 
