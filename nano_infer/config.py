@@ -173,7 +173,7 @@ class EngineConfig:
     def check_model(self, hf_config, gguf_file: str | None) -> int:
         """The checks that need the model's shapes (config.json, read before the weights); returns max_model_len."""
         check_tp_sizes(hf_config, self.tensor_parallel_size, self.enable_expert_parallel)
-        if self.quantization in ("int8", "int4") and getattr(hf_config, "num_experts", 0):
+        if self.quantization in ("int8", "int4") and num_experts(hf_config):
             raise ValueError(f"quantization={self.quantization!r} quantizes dense linear layers, and most of a "
                              f"Mixture-of-Experts model's weights are its experts, which stay in the model's dtype: "
                              f"use quantization=None")
@@ -185,11 +185,20 @@ class EngineConfig:
         if self.quantization in ("int8", "int4") and gguf_file:
             raise ValueError(f"quantization={self.quantization!r} quantizes a float checkpoint at load, and a GGUF file "
                              f"is already quantized: use None (as stored) or 'none' (dequantized)")
+        window = getattr(hf_config, "sliding_window", None)
+        if hf_config.model_type == "mixtral" and window:
+            raise ValueError(f"this Mixtral config attends through a sliding window of {window} tokens, which the paged "
+                             f"pool does not implement (Mixtral-8x7B's configs set sliding_window null)")
         limit = hf_config.max_position_embeddings
         max_model_len = self.max_model_len or min(limit, 8192)
         if max_model_len > limit:
             raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}")
         return max_model_len
+
+
+def num_experts(config) -> int:
+    """A Mixture-of-Experts config's expert count (`num_experts`; Mixtral's `num_local_experts`), 0 for a dense model."""
+    return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
 
 
 def _one_of(name: str, value, choices: tuple) -> None:
@@ -211,7 +220,7 @@ def check_tp_sizes(config, world_size: int, expert_parallel: bool = False) -> No
                          f"the other (KV heads are split when tp divides them, replicated when they divide tp)")
     if config.intermediate_size % world_size:
         raise ValueError(f"tensor_parallel_size={world_size} must divide intermediate_size={config.intermediate_size}")
-    experts = getattr(config, "num_experts", 0)
+    experts = num_experts(config)
     if expert_parallel and experts % world_size:
         raise ValueError(f"enable_expert_parallel with tensor_parallel_size={world_size} must divide "
                          f"num_experts={experts} (every rank holds the same number of whole experts)")

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..config import num_experts
 from ..core.utils import cdiv
 
 
@@ -63,7 +64,7 @@ class TPShard:
 
     def experts(self, config) -> tuple[int, int]:
         """(first expert, number of experts) on this rank: a share of them with expert parallelism, else all."""
-        experts = getattr(config, "num_experts", 0)
+        experts = num_experts(config)
         if not self.expert_parallel:
             return 0, experts
         n = experts // self.world_size

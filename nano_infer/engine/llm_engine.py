@@ -22,7 +22,7 @@ import logging
 import time
 from types import MappingProxyType
 
-from ..config import EngineConfig
+from ..config import EngineConfig, num_experts
 from ..constrained import ConstraintLimits, build_constraint
 from ..constrained.backends import backend_of
 from ..constrained.constraint import Constraint
@@ -98,7 +98,7 @@ class LLMEngine:
     def _describe(self, parts: EngineParts) -> str:
         """One line on what was chosen and why: the dtype, and how many tokens of KV fit."""
         line = f"{parts.display_name}: {str(self.dtype).removeprefix('torch.')} ({parts.dtype_reason}) on {self.device}"
-        if experts := getattr(self.model.config, "num_experts", 0):
+        if experts := num_experts(self.model.config):
             cut = (", whole experts per rank" if self.config.enable_expert_parallel else ", a slice of each per rank") \
                 if self.config.tensor_parallel_size > 1 else ""
             line += f", {self.model.config.num_experts_per_tok} of {experts} experts a token{cut}"

@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, Qwen2/2.5, Qwen3, and the Mixture-of-Experts Qwen3-MoE and OLMoE) in plain torch.
+"""A Llama-family decoder (Llama, Qwen2/2.5, Qwen3, and the Mixture-of-Experts Qwen3-MoE, OLMoE, Mixtral) in plain torch.
 
 The model sees one *packed* step: the tokens of every scheduled sequence laid end to
 end in a 1-D tensor (no padding), with their positions. Everything that depends on how

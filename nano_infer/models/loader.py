@@ -23,22 +23,22 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import re
 import sys
 from collections import Counter
 from pathlib import Path
 
 import torch
 
+from ..config import num_experts
+from .checkpoint_names import canonical, fused_name, whole
 from .gguf_reads import read_from_gguf
 from .quantization import (describe_weights, install_quantized, quantize_weight, quantized_linear,
                            resolve_quantization)
 
 TINY_MODEL_DIR = Path(__file__).parent / "tiny"
 DEFAULT_CUDA_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
-SUPPORTED = {"llama", "qwen2", "qwen3", "qwen3_moe", "olmoe"}
-# one expert's weight in a checkpoint: layers.L.mlp.experts.E.{gate,up,down}_proj.weight
-_EXPERT = re.compile(r"(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
+SUPPORTED = {"llama", "qwen2", "qwen3", "qwen3_moe", "olmoe", "mixtral"}
+
 
 
 def default_model() -> str:
@@ -156,25 +156,6 @@ def _gguf_config(path: Path):
     return complete_config(config, path)
 
 
-def _fused_name(name: str, experts: tuple[int, int] = (0, 0)) -> tuple[str, int | None, int]:
-    """HF tensor name -> (our name, index of the part it fills in a fused weight or None, number of parts).
-    `experts` = (first, count) of the experts this model holds: expert E's gate and up fill parts 2E and
-    2E + 1 of the layer's stacked `gate_up_proj`, its down part E of `down_proj`."""
-    name = name.removeprefix("model.")
-    if m := _EXPERT.fullmatch(name):
-        e = int(m[2]) - experts[0]
-        if m[3] == "down":
-            return f"{m[1]}.down_proj", e, experts[1]
-        return f"{m[1]}.gate_up_proj", 2 * e + (m[3] == "up"), 2 * experts[1]
-    for i, part in enumerate(("q_proj", "k_proj", "v_proj")):
-        if f".{part}." in name:
-            return name.replace(part, "qkv_proj"), i, 3
-    for i, part in enumerate(("gate_proj", "up_proj")):
-        if f".{part}." in name:
-            return name.replace(part, "gate_up_proj"), i, 2
-    return name, None, 1
-
-
 def _read(f, hf_name: str, name: str, config, model, tp) -> torch.Tensor:
     """The whole tensor, or this rank's slice of it, read straight from the file."""
     if tp is None:
@@ -197,8 +178,8 @@ def _read(f, hf_name: str, name: str, config, model, tp) -> torch.Tensor:
 
 
 def safetensors_tensors(model_dir: Path, device: torch.device, config=None, model=None, tp=None):
-    """(HF name, tensor) for every tensor of the checkpoint's safetensors files, read onto `device`;
-    with `tp` (a TPShard) only this rank's slice of each."""
+    """(HF name, tensor) for every tensor of the checkpoint's safetensors files, read onto `device` (Mixtral's
+    expert names as Qwen3-MoE's: checkpoint_names.canonical); with `tp` (a TPShard) only this rank's slice of each."""
     from safetensors import safe_open
 
     files = sorted(model_dir.glob("*.safetensors"))
@@ -207,18 +188,10 @@ def safetensors_tensors(model_dir: Path, device: torch.device, config=None, mode
     for file in files:
         with safe_open(str(file), framework="pt", device=str(device)) as f:
             for hf_name in f.keys():
-                name = hf_name.removeprefix("model.")
+                renamed = canonical(hf_name)
+                name = renamed.removeprefix("model.")
                 if tp is None or tp.holds(name, config):
-                    yield hf_name, _read(f, hf_name, name, config, model, tp)
-
-
-def _whole(name: str, parts: list):
-    """A fused weight from its parts: rows end to end, or for experts one [gate; up] (or down) per expert, stacked."""
-    if name.endswith("experts.gate_up_proj"):
-        return torch.stack([torch.cat(parts[i:i + 2]) for i in range(0, len(parts), 2)])
-    if name.endswith("experts.down_proj"):
-        return torch.stack(parts)
-    return torch.cat(parts, dim=0) if isinstance(parts[0], torch.Tensor) else type(parts[0]).cat(parts)
+                    yield renamed, _read(f, hf_name, name, config, model, tp)
 
 
 def _read_all(tensors, model, device, dtype, mode: str, experts: tuple[int, int] = (0, 0)) -> dict:
@@ -227,7 +200,7 @@ def _read_all(tensors, model, device, dtype, mode: str, experts: tuple[int, int]
     shards: dict[str, list] = {}
     state = {}
     for hf_name, tensor in tensors:
-        name, index, count = _fused_name(hf_name, experts)
+        name, index, count = fused_name(hf_name, experts)
         if name == "lm_head.weight" and model.tie_word_embeddings:
             continue
         if isinstance(tensor, torch.Tensor):
@@ -237,7 +210,7 @@ def _read_all(tensors, model, device, dtype, mode: str, experts: tuple[int, int]
             parts[index] = tensor
             if any(p is None for p in parts):
                 continue
-            tensor = _whole(name, shards.pop(name))
+            tensor = whole(name, shards.pop(name))
         if mode in ("int8", "int4") and name.endswith("_proj.weight"):
             tensor = quantize_weight(tensor, mode)
         linear = name.endswith("_proj.weight") or name == "lm_head.weight"  # a GGUF file's untied head, as stored too
@@ -269,7 +242,7 @@ def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype
         tensors = gguf_tensors(path, config, dequantized, as_stored=mode == "gguf")
     else:
         tensors = safetensors_tensors(model_dir, device, config, model, tp)
-    experts = tp.experts(config) if tp else (0, getattr(config, "num_experts", 0))
+    experts = tp.experts(config) if tp else (0, num_experts(config))
     state = _read_all(tensors, model, device, dtype, mode, experts)
     held = install_quantized(model, state, dtype)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)

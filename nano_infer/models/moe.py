@@ -1,9 +1,9 @@
-"""Mixture of Experts (chapter 15): a router sends each token to a few of many expert MLPs.
+"""Mixture of Experts (chapter 15): a router sends each token to a few of many expert MLPs (Qwen3-MoE, OLMoE, Mixtral).
 
 A sparse layer replaces the dense MLP: a linear `gate` scores every expert for a token, a softmax
 over the scores (in float32) and a top-k pick `num_experts_per_tok` of them, and the token's output
 is the sum of those experts' outputs, each weighted by its probability (renormalised to sum to 1 when
-the config says `norm_topk_prob`: Qwen3-MoE does, OLMoE does not).
+the config says `norm_topk_prob`: Qwen3-MoE does, OLMoE does not, Mixtral always does).
 
 The experts run as grouped matmuls: the step's token-expert pairs are sorted by expert, so each
 expert's tokens lie side by side and one matmul per expert (gate and up fused, then down) covers
@@ -27,9 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import num_experts
+
 
 def is_moe(config) -> bool:
-    return getattr(config, "num_experts", 0) > 0 and config.model_type in ("qwen3_moe", "olmoe")
+    return num_experts(config) > 0 and config.model_type in ("qwen3_moe", "olmoe", "mixtral")
 
 
 def is_sparse_layer(config, layer_idx: int) -> bool:
@@ -101,10 +103,11 @@ class SparseMoeBlock(nn.Module):
     def __init__(self, config, tp=None):
         super().__init__()
         self.tp = tp
-        self.top_k, self.norm_topk_prob = config.num_experts_per_tok, bool(config.norm_topk_prob)
-        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.top_k = config.num_experts_per_tok
+        self.norm_topk_prob = bool(getattr(config, "norm_topk_prob", True))  # Mixtral's config has no such field
+        self.gate = nn.Linear(config.hidden_size, num_experts(config), bias=False)
         inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
-        first, count = tp.experts(config) if tp else (0, config.num_experts)
+        first, count = tp.experts(config) if tp else (0, num_experts(config))
         inter = tp.expert_features(config)[1] if tp else inter
         self.experts = Experts(count, first, config.hidden_size, inter)
 

@@ -1,6 +1,6 @@
-"""Mixture-of-Experts models (Qwen3-MoE, OLMoE) against transformers, float32, greedy, token for token.
+"""Mixture-of-Experts models (Qwen3-MoE, OLMoE, Mixtral) against transformers, float32, greedy, token for token.
 
-The models are random weights on real configs scaled down (tests/helpers/model_factory.py): the same top-k (8),
+The models are random weights on real configs scaled down (tests/helpers/model_factory.py): the same top-k,
 the same normalisation of the top-k weights and the same q/k norms, fewer layers and experts. Every
 configuration of cache, attention and scheduling the dense parity tests run, tensor parallelism with the
 experts cut both ways, and each feature that holds blocks or forks sequences.
@@ -76,7 +76,7 @@ def test_the_random_models_route_and_write_like_real_ones(moe):
     block = next(m for m in llm.engine.model.modules() if type(m).__name__ == "SparseMoeBlock")
     hidden = llm.engine.model.embed_tokens(torch.tensor(sum(ps, [])))
     _, experts = block.gate(hidden).topk(block.top_k)
-    assert len(experts.unique()) >= 12  # of 16
+    assert len(experts.unique()) >= 0.75 * block.gate.out_features
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
@@ -129,11 +129,12 @@ def test_the_server_answers_what_the_engine_generates(qwen3_moe, tokenizer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, expert_parallel", [("qwen3_moe", False), ("qwen3_moe", True), ("olmoe", True)],
-                         ids=["qwen3_moe-experts-sliced", "qwen3_moe-expert-parallel", "olmoe-expert-parallel"])
+@pytest.mark.parametrize("family, expert_parallel", [("qwen3_moe", False), ("mixtral", True), ("olmoe", True)],
+                         ids=["qwen3_moe-experts-sliced", "mixtral-expert-parallel", "olmoe-expert-parallel"])
 def test_tp2_matches_transformers(family, expert_parallel, built):
-    """Tensor parallelism with every expert's features split, or (expert parallelism) 8 whole experts a rank;
-    OLMoE's q/k norm then sums its squares over both ranks' heads."""
+    """Tensor parallelism with every expert's features split, or (expert parallelism) half the experts whole on each
+    rank (Mixtral's checkpoint names its experts w1/w2/w3); OLMoE's q/k norm then sums its squares over both ranks'
+    heads."""
     folder, ps, ref = built(family)
     with LLM(str(folder), dtype="float32", tensor_parallel_size=2, enable_expert_parallel=expert_parallel,
              block_size=4, max_num_batched_tokens=8) as llm:

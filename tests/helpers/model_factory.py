@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM, PreTrainedTokenizerFast,
+from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, OlmoeConfig,
+                          OlmoeForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM)
 
@@ -55,12 +56,15 @@ def hf_config(family: str, vocab_size: int, eos_token_id: int):
     if family == "olmoe":  # OLMoE-1B-7B: 8 of 64 experts not renormalised, q/k norm over all heads, as many KV heads
         return OlmoeConfig(**{**common, "num_key_value_heads": 4, "intermediate_size": 32}, num_experts=16,
                            num_experts_per_tok=8, norm_topk_prob=False, pad_token_id=None)
+    if family == "mixtral":  # Mixtral-8x7B: 8 experts, 2 a token renormalised, 4 query heads a KV head, no sliding window
+        return MixtralConfig(**{**common, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2,
+                             sliding_window=None, tie_word_embeddings=False, rope_theta=1000000.0)
     raise ValueError(family)
 
 
 MODEL_CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM,
-                 "qwen3_moe": Qwen3MoeForCausalLM, "olmoe": OlmoeForCausalLM}
-MOE_FAMILIES = ("qwen3_moe", "olmoe")
+                 "qwen3_moe": Qwen3MoeForCausalLM, "olmoe": OlmoeForCausalLM, "mixtral": MixtralForCausalLM}
+MOE_FAMILIES = ("qwen3_moe", "olmoe", "mixtral")
 
 
 def make_model_dir(family: str, folder: Path, tokenizer, seed: int = 0, std: float = 0.1) -> Path:

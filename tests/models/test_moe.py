@@ -9,10 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nano_infer import LLM
+from nano_infer.config import EngineConfig
 from nano_infer.distributed import TPShard, check_tp_sizes
 from nano_infer.models.loader import load_config, load_model
 from nano_infer.models.moe import Experts, group_by_expert, is_sparse_layer, route
-from tests.helpers.model_factory import make_moe_dir
+from tests.helpers.model_factory import MOE_FAMILIES, make_moe_dir
 
 
 def expert_mlp(x, gate_up, down):
@@ -111,10 +112,10 @@ def test_qwen3_moe_keeps_the_layers_its_config_names_dense():
 
 @pytest.fixture(scope="module")
 def moe_dirs(tmp_path_factory, tokenizer):
-    return {f: make_moe_dir(f, tmp_path_factory.mktemp(f), tokenizer) for f in ("qwen3_moe", "olmoe")}
+    return {f: make_moe_dir(f, tmp_path_factory.mktemp(f), tokenizer) for f in MOE_FAMILIES}
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "olmoe"])
+@pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_each_rank_loads_its_experts_whole_or_its_slice_of_each(moe_dirs, family):
     folder = moe_dirs[family]
     cfg = load_config(folder)
@@ -129,8 +130,8 @@ def test_each_rank_loads_its_experts_whole_or_its_slice_of_each(moe_dirs, family
                 assert torch.equal(torch.cat([torch.cat([h[0] for h in halves], 1), torch.cat([h[1] for h in halves], 1)], 1), weight)
             elif name.endswith("experts.down_proj") and not expert_parallel:
                 assert torch.equal(torch.cat(parts, dim=2), weight)
-            elif ".experts." in name:  # expert parallelism: experts 0-7 on rank 0, 8-15 on rank 1
-                assert parts[0].shape[0] == 8 and torch.equal(torch.cat(parts), weight)
+            elif ".experts." in name:  # expert parallelism: the first half of the experts on rank 0, the rest on 1
+                assert 2 * parts[0].shape[0] == weight.shape[0] and torch.equal(torch.cat(parts), weight)
             elif "q_norm" in name and family == "olmoe":  # one weight over all query heads: each rank its heads'
                 assert torch.equal(torch.cat(parts), weight)
 
@@ -145,6 +146,10 @@ def test_bad_moe_settings_are_refused_before_the_weights_load(moe_dirs):
     with pytest.raises(ValueError, match="intermediate size 20 .*enable_expert_parallel"):
         check_tp_sizes(SimpleNamespace(**{**shape, "moe_intermediate_size": 20, "num_experts": 12}), 3)
     check_tp_sizes(SimpleNamespace(**{**shape, "moe_intermediate_size": 20, "num_experts": 12}), 3, expert_parallel=True)
+    from transformers import MixtralConfig
+
+    with pytest.raises(ValueError, match="sliding window of 4096 tokens"):
+        EngineConfig().check_model(MixtralConfig(sliding_window=4096), None)
     with pytest.raises(ValueError, match="key norm spans all KV heads"):
         check_tp_sizes(SimpleNamespace(**{**shape, "model_type": "olmoe", "num_attention_heads": 8,
                                           "num_key_value_heads": 2, "intermediate_size": 32}), 4)
