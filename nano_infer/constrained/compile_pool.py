@@ -18,8 +18,10 @@ of worker processes (pebble's ProcessPool) at a lower CPU priority than the engi
 - at most `max_pending` different constraints compile or wait at once; more raise
   `CompilePoolBusy` (a server answers 503);
 - one tenant (a server's client) may have at most `per_tenant` of them (default: half the
-  workers, at least one); more raise `TenantCompilesBusy` (429), so one client's slow schemas
-  never hold every worker and another client's trivial schema finds one free.
+  workers, at least one), so one client's slow schemas never hold every worker and another
+  client's trivial schema finds one free. A request past its tenant's share waits for one of
+  that tenant's compiles to end (a client that sends three schemas at once gets them compiled
+  one after another), for at most one compile's time limit; then `TenantCompilesBusy` (429).
 
 Workers are forked from a single-threaded fork server, never from the server process itself,
 whose engine and HTTP threads could hold locks at the moment of a fork.
@@ -85,6 +87,7 @@ class CompilePool:
                                         initargs=(vocab.token_bytes, vocab.eos_token_ids), context=context)
         self._lock = threading.Lock()
         self._jobs: dict[tuple, _Job] = {}  # (owner, key) -> its compile
+        self._turns: dict[str, list[tuple]] = {}  # tenant -> (loop, asyncio.Event) of its requests waiting for a share
         self._failures: OrderedDict[tuple, tuple[ValueError, float]] = OrderedDict()  # (owner, key) -> (error, until)
         self.started: Counter = Counter()  # compiles sent to a worker, by owner: what each tenant made the pool do
 
@@ -108,7 +111,7 @@ class CompilePool:
         index = self.vocab.index_cache.get(owner, key)
         if index is not None:
             return index
-        job = self._join((owner, key), None if shared else self.limits.timeout, tenant)
+        job = await self._turn((owner, key), None if shared else self.limits.timeout, tenant)
         try:
             return await asyncio.shield(asyncio.wrap_future(job.done))
         except asyncio.CancelledError:
@@ -120,8 +123,24 @@ class CompilePool:
         check_key(key, self.limits)
         return key
 
-    def _join(self, owned: tuple, timeout: float | None, tenant: str | None) -> _Job:
-        """The compile of `owned` (owner, key): the one running for that owner, else a new one."""
+    async def _turn(self, owned: tuple, timeout: float | None, tenant: str | None) -> _Job:
+        """`_join`, waiting while the tenant's share of the compiles is taken: woken when one of them ends,
+        for at most one compile's time limit, after which TenantCompilesBusy."""
+        deadline = time.monotonic() + self.limits.timeout
+        while True:
+            left = deadline - time.monotonic()
+            turn = (asyncio.get_running_loop(), asyncio.Event()) if left > 0 else None
+            job = self._join(owned, timeout, tenant, turn)
+            if job is not None:
+                return job
+            try:
+                await asyncio.wait_for(turn[1].wait(), left)
+            except TimeoutError:
+                pass  # once more, without waiting: the compile, or the 429
+
+    def _join(self, owned: tuple, timeout: float | None, tenant: str | None, turn: tuple | None = None) -> _Job | None:
+        """The compile of `owned` (owner, key): the one running for that owner, else a new one. Past the tenant's
+        share: None with `turn` (loop, event) registered to be set when one of its compiles ends, else raises."""
         with self._lock:
             failure = self._failures.get(owned)
             if failure is not None:
@@ -134,6 +153,9 @@ class CompilePool:
                 if len(self._jobs) >= self.max_pending:
                     raise CompilePoolBusy(f"{len(self._jobs)} constraints are compiling already; try again shortly")
                 if tenant is not None and sum(j.tenant == tenant for j in self._jobs.values()) >= self.per_tenant:
+                    if turn is not None:
+                        self._turns.setdefault(tenant, []).append(turn)
+                        return None
                     raise TenantCompilesBusy(f"{self.per_tenant} constraint(s) of yours are compiling already, your "
                                              f"share of the compile workers; retry when they are done")
                 work = self._pool.schedule(_compile, args=(owned[1], self.limits), timeout=timeout)
@@ -149,6 +171,7 @@ class CompilePool:
         with self._lock:
             if self._jobs.get(owned) is job:
                 del self._jobs[owned]
+        self._wake(job.tenant)
         if work.cancelled():
             done.cancel()
             return
@@ -185,6 +208,15 @@ class CompilePool:
             if self._jobs.get(owned) is job:
                 del self._jobs[owned]
         job.work.cancel()
+        self._wake(job.tenant)
+
+    def _wake(self, tenant: str | None) -> None:
+        """A compile of `tenant`'s ended: its requests waiting for a share try again (from any thread)."""
+        with self._lock:
+            turns = self._turns.pop(tenant, [])
+        for loop, event in turns:
+            if not loop.is_closed():  # a request that gave up and whose loop has ended since
+                loop.call_soon_threadsafe(event.set)
 
     def close(self) -> None:
         self._pool.stop()

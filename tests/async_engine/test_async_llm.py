@@ -237,3 +237,21 @@ def test_a_constraint_is_compiled_in_a_worker_process(allm, monkeypatch):
         asyncio.run(collect(allm, "x", SamplingParams(regex=r"a[^\s\S]")))
     assert asyncio.run(collect(allm, "x", params))[0] == texts  # cached now, same reply
     assert_all_blocks_free(allm)
+
+
+def test_a_tenants_constraints_sent_together_compile_one_after_another(allm):
+    """Past its share of the compile workers a tenant's request waits for one of its compiles to end, instead of
+    failing (vLLM's structured-outputs example sends three at once); each reply matches its own regex."""
+    import re
+
+    regexes = [f"(yes|no)-{i}[a-z]{{2}}" for i in range(4)]  # four different constraints of one tenant
+    assert allm._compiler.pool is None or allm._compiler.pool.per_tenant < len(regexes)
+
+    async def together():
+        return await asyncio.gather(*(collect(allm, "x", SamplingParams(regex=r, temperature=0, max_tokens=12),
+                                              tenant="one-client") for r in regexes))
+
+    replies = asyncio.run(together())
+    assert all(re.fullmatch(r, texts[0]) for r, (texts, _, _) in zip(regexes, replies)), replies
+    assert allm._compiler.pool.per_tenant < len(regexes)  # they could not all have compiled at once
+    assert_all_blocks_free(allm)
