@@ -76,6 +76,9 @@ class EngineConfig:
     # vLLM's --chat-template: a file, a shipped template's name ("chatml_tools": tools for ChatML models), or the
     # Jinja text; it replaces the tokenizer's template for every chat. None: the model's own
     chat_template: str | None = None
+    # vLLM's custom logits processors: LogitsProcessor subclasses (v1 interface) or "module.Class" names of them,
+    # each built once and run on every step's sampled rows (engine/custom_logits.py)
+    logits_processors: list | None = None
     enable_prefix_caching: bool | None = None  # False: prefix_cache=None; True: the prefix_cache given ("auto": radix)
     enforce_eager: bool = False  # vLLM's default: on CUDA plain decode steps replay from CUDA graphs (engine/cuda_graph.py); True: all eager. A CPU runs eagerly
     trust_remote_code: bool = False  # accepted: the model code is this package's own, no checkpoint code runs
@@ -134,6 +137,9 @@ class EngineConfig:
         self._check_offloading()
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if self.speculative_config is not None:
+            if self.logits_processors:
+                raise ValueError("speculative_config with logits_processors is not supported (as in vLLM): a "
+                                 "verify step's rows are one request's positions, not a batch of requests")
             if self.tensor_parallel_size > 1:
                 raise ValueError("speculative_config with tensor_parallel_size > 1 is not supported: the draft model "
                                  "and the verify rows run on the driver only")
@@ -194,6 +200,9 @@ class EngineConfig:
         if max_model_len > limit:
             raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}")
         return max_model_len
+
+
+VllmConfig = EngineConfig  # vLLM's name, which custom logits processors' constructors are written against
 
 
 def num_experts(config) -> int:

@@ -37,6 +37,7 @@ from ..sampling_params import BeamSearchParams, SamplingParams
 from ..text.utf8 import check_utf8
 from .build import EngineParts, Feature, build_engine
 from .cpu_threads import FreeCoreThreads
+from .custom_logits import PersistentBatch, resolve_processors
 from .logits_processors import resolve_token_rules
 from .output_processor import OutputProcessor
 from .request_stats import RequestStats
@@ -51,6 +52,7 @@ class LLMEngine:
     def __init__(self, model: str | None = None, **kwargs):
         config = EngineConfig.from_kwargs(model, **drop_neutral_options(kwargs))  # vLLM's no-op options: at neutral
         self.constraint_backend = backend_of(config.structured_outputs_config)  # checked before the model loads
+        processor_classes = resolve_processors(config.logits_processors)  # so are these
         parts = self.parts = build_engine(config)  # checked, then built in order
         self.config, self.device, self.dtype = parts.config, parts.device, parts.dtype
         self.model_dir, self.gguf_file, self.model_name = parts.model_dir, parts.gguf_file, parts.model_name
@@ -65,6 +67,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}  # written here only
         self.output_processor = OutputProcessor(MappingProxyType(self.requests), self.scheduler, self.tokenizer,
                                                 self.eos_token_ids, self.max_model_len, self.device)
+        if processor_classes:  # vLLM's custom processors, on every sampled row (custom_logits.py)
+            self.output_processor.custom = PersistentBatch([cls(config, self.device, False) for cls in processor_classes])
         self.num_steps = 0
         self.request_stats = RequestStats()  # latency histograms, published with the stats
         self._publish()
@@ -143,6 +147,8 @@ class LLMEngine:
         elif sampling.n > self.config.max_num_seqs:
             raise ValueError(f"n={sampling.n} samples run side by side, but max_num_seqs={self.config.max_num_seqs}")
         sampling = resolve_token_rules(sampling, self.tokenizer, self.vocab_size)
+        if self.output_processor.custom is not None:
+            self.output_processor.custom.validate(sampling)
         constraint = self._build_constraint(sampling, constraint_index)
         fork = sampling.n > 1 and (self.config.kv_cache == "paged" or owner is not None)
         req = Request(request_id, prompt, prompt_token_ids, sampling, [],

@@ -28,6 +28,7 @@ from ..core.plugin import EnginePlugin, StepContext
 from ..core.request import Request
 from ..core.sequence import Sequence
 from ..outputs import CompletionOutput, Logprob, RequestOutput
+from .custom_logits import PersistentBatch
 from .logprobs import decode_entries, logprob_entries, score_prompts
 from .sampling import sample
 from .scheduler import Scheduler
@@ -49,6 +50,7 @@ class OutputProcessor:
         self.device = device
         self.num_generated_tokens = 0
         self.touched: dict[str, Request] = {}  # requests that got tokens (or failed) this step
+        self.custom: PersistentBatch | None = None  # vLLM's custom logits processors, when the engine has any
 
     # -- one step ---------------------------------------------------------------------------------
     def process(self, step: StepContext, logits: torch.Tensor, plugins: list[EnginePlugin]) -> None:
@@ -93,7 +95,11 @@ class OutputProcessor:
                 samplers += children
                 rows += [rows[i]] * len(children)
         sample_logits = logits if rows == list(range(len(logits))) else logits[rows]  # no copy in the usual case
-        tokens = draw(sample_logits, samplers, self.eos_token_ids)
+        try:  # logprobs stay the model's (vLLM's raw logprobs): the processors' logits are only drawn from
+            drawn_from = sample_logits if self.custom is None else self.custom(sample_logits, samplers)
+            tokens = draw(drawn_from, samplers, self.eos_token_ids)
+        except Exception as e:  # noqa: BLE001 - the operator's processor failed: this step's rows fail, the engine goes on
+            tokens = [e] * len(samplers)
         logprobs = token_logprobs(sample_logits, samplers, tokens)
         if logprobs:
             decode_entries(list(logprobs.values()), self.token_texts)

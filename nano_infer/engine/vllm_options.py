@@ -30,7 +30,6 @@ NEUTRAL_OPTIONS: dict[str, tuple[tuple, str]] = {
     "enable_lora": ((False, None), "LoRA adapters are not supported"),
     "compilation_config": ((None,), "nothing is compiled (torch ops; CUDA graphs follow enforce_eager)"),
     "generation_config": (("auto",), "the model's generation_config.json gives the default sampling parameters"),
-    "logits_processors": ((None,), "custom logits processors are not supported; SamplingParams has vLLM's rules"),
     "async_scheduling": ((False, None), "steps run one after another"),
     # AsyncEngineArgs' own: whether each request is logged changes no output
     "enable_log_requests": ((False, True), None),
