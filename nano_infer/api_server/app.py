@@ -186,11 +186,26 @@ def sampling_params_from(body, max_tokens: int | None, logprobs: int | None = No
         return make(body, max_tokens, logprobs, prompt_logprobs)
 
 
-def _param_of_engine_error(message: str, params) -> str | None:
-    """The field an engine ValueError is about: the constraint, or `n` (samples or beams past max_num_seqs)."""
+def _param_of_engine_error(message: str, params, body) -> str | None:
+    """The field an engine ValueError is about: the one that carried the constraint, or `n` (samples or beams
+    past max_num_seqs)."""
     if params.constrained and "constraint" in message:
-        return "response_format"
+        return next((name for name in CONSTRAINT_CARRIERS if _carries(body, name)), "response_format")
     return "n" if message.startswith(("n=", "beam_width=")) else None
+
+
+# the body fields a constraint can come from, in the order sampling.py reads them
+CONSTRAINT_CARRIERS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                       "guided_grammar", "tool_choice")
+
+
+def _carries(body, name: str) -> bool:
+    value = getattr(body, name, None)
+    if name == "response_format":
+        return value is not None and getattr(value, "type", "text") != "text"
+    if name == "tool_choice":  # "required" or a named function constrains the reply; "auto" and "none" do not
+        return bool(getattr(body, "tools", None)) and value is not None and value not in ("auto", "none")
+    return value is not None
 
 
 class _ClientGone(Exception):
@@ -220,7 +235,7 @@ async def _generate(llm: AsyncLLM, work: FairQueue, request: Request, body, prom
             return Response(content, media_type="application/json")
         first = await unless_disconnected(request, anext(outputs))  # bad input raises here, before the 200
     except ValueError as e:
-        raise APIError(400, str(e), param=_param_of_engine_error(str(e), params)) from e
+        raise APIError(400, str(e), param=_param_of_engine_error(str(e), params, body)) from e
     except TenantCompilesBusy as e:
         raise APIError(429, str(e), "rate_limit_error", headers={"Retry-After": "1"}) from e
     except (CompilePoolBusy, EngineUnavailable) as e:

@@ -117,6 +117,9 @@ def test_a_tool_result_turn(client, model):
     ({"tools": TOOLS, "tool_choice": "required", "use_beam_search": True, "n": 2}, "use_beam_search"),
     ({"messages": [{"role": "user", "content": None}]}, "messages"),
     ({"chat_template": "{{ messages }}"}, "chat_template"),  # a client's Jinja would run on the server
+    # over the constraint limits, found where it compiles: named as the field that asked for the constraint
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string", "maxLength": 100_000}}, "required": ["s"]}}}], "tool_choice": "required"}, "tool_choice"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
         "name": "f", "arguments": "{not json"}}]}]}, "messages"),
 ])
