@@ -210,6 +210,12 @@ def num_experts(config) -> int:
     return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
 
 
+def expert_intermediate_size(config) -> int:
+    """Each expert's MLP width: `moe_intermediate_size` (Qwen3-MoE, whose `intermediate_size` is its dense layers'),
+    else `intermediate_size` (OLMoE, Mixtral)."""
+    return getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+
+
 def _one_of(name: str, value, choices: tuple) -> None:
     if value not in choices:
         listed = ", ".join(repr(c) for c in choices)
@@ -233,7 +239,7 @@ def check_tp_sizes(config, world_size: int, expert_parallel: bool = False) -> No
     if expert_parallel and experts % world_size:
         raise ValueError(f"enable_expert_parallel with tensor_parallel_size={world_size} must divide "
                          f"num_experts={experts} (every rank holds the same number of whole experts)")
-    inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    inter = expert_intermediate_size(config)
     if experts and not expert_parallel and inter % world_size:
         raise ValueError(f"tensor_parallel_size={world_size} must divide the experts' intermediate size {inter} "
                          f"(or set enable_expert_parallel=True to give each rank whole experts)")

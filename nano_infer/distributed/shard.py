@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..config import num_experts
+from ..config import expert_intermediate_size, num_experts
 from ..core.utils import cdiv
 
 
@@ -72,7 +72,7 @@ class TPShard:
 
     def expert_features(self, config) -> tuple[int, int]:
         """(first, count) of each expert's intermediate features on this rank: all of them with expert parallelism."""
-        inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+        inter = expert_intermediate_size(config)
         if self.expert_parallel:
             return 0, inter
         n = inter // self.world_size

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import num_experts
+from ..config import expert_intermediate_size, num_experts
 
 
 def is_moe(config) -> bool:
@@ -106,9 +106,8 @@ class SparseMoeBlock(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.norm_topk_prob = bool(getattr(config, "norm_topk_prob", True))  # Mixtral's config has no such field
         self.gate = nn.Linear(config.hidden_size, num_experts(config), bias=False)
-        inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
         first, count = tp.experts(config) if tp else (0, num_experts(config))
-        inter = tp.expert_features(config)[1] if tp else inter
+        inter = tp.expert_features(config)[1] if tp else expert_intermediate_size(config)
         self.experts = Experts(count, first, config.hidden_size, inter)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
