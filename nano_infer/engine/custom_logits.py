@@ -104,7 +104,11 @@ class OutputIds(SequenceABC):
         return len(self.tokens) - self.start
 
     def __getitem__(self, i):
-        return self.tokens[self.start:][i]
+        if isinstance(i, slice):
+            return self.tokens[self.start:][i]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return self.tokens[self.start + i % len(self)]  # one item, no copy: iterating stays linear
 
 
 class PersistentBatch:
@@ -131,7 +135,7 @@ class PersistentBatch:
         return batch.index_select(0, order)
 
     def _update(self, seqs: list) -> BatchUpdate | None:
-        now = {s.seq_id: s for s in seqs}
+        now = {s.seq_id for s in seqs}
         removed = [row for row, seq_id in enumerate(self.rows) if seq_id not in now]
         held = set(self.rows)
         free = list(removed)
@@ -145,14 +149,12 @@ class PersistentBatch:
             self.rows[row] = seq.seq_id
             added.append((row, seq.params, seq.prompt_token_ids, OutputIds(seq)))
         moved = []
-        while self.rows and self.rows[-1] is None:
-            self.rows.pop()
-        for hole in sorted(free):  # the last rows move down into the holes left: the batch stays dense
-            if hole < len(self.rows):
-                moved.append((len(self.rows) - 1, hole, MoveDirectionality.UNIDIRECTIONAL))
-                self.rows[hole] = self.rows.pop()
-                while self.rows and self.rows[-1] is None:
-                    self.rows.pop()
+        while None in self.rows:  # the last rows move down into the holes left: the batch stays dense
+            last, seq_id = len(self.rows) - 1, self.rows.pop()
+            if seq_id is not None:
+                hole = self.rows.index(None)
+                self.rows[hole] = seq_id
+                moved.append((last, hole, MoveDirectionality.UNIDIRECTIONAL))
         if not (removed or added or moved):
             return None
         return BatchUpdate(len(self.rows), removed, added, moved)

@@ -116,3 +116,15 @@ def test_what_cannot_be_a_processor_is_refused(qwen2_dir):
     with pytest.raises(ValueError, match="speculative_config with logits_processors"):
         LLM(str(qwen2_dir), dtype="float32", logits_processors=[ForceToken],
             speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+
+
+def test_a_requests_output_ids_are_a_view_that_grows_with_it():
+    from nano_infer.engine.custom_logits import OutputIds
+
+    seq = Seq(0)
+    out = OutputIds(seq)
+    assert list(out) == [] and len(out) == 0
+    seq.token_ids += [7, 8, 9]
+    assert list(out) == [7, 8, 9] and out[-1] == 9 and out[1:] == [8, 9]
+    with pytest.raises(IndexError):
+        out[3]
