@@ -34,6 +34,7 @@ async def fan_out(llm, prompts: list, params, request_id: str, *, stream: bool, 
     async def pump(i: int, prompt) -> None:
         try:
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            # stream=True: deltas (output_kind DELTA), each chunk's new text; False: one final output (FINAL_ONLY)
             async for out in llm.generate(prompt, params, rid, stream=stream, tenant=tenant, priority=priority):
                 await queue.put((i, out))
             await queue.put((i, _DONE))

@@ -2,7 +2,7 @@
 
     llm = AsyncLLM()
     async for out in llm.generate("Hello", SamplingParams(max_tokens=32)):
-        print(out.outputs[0].text, end="")     # each output carries only the new text
+        print(out.outputs[0].text)     # the whole reply so far (vLLM's default, output_kind CUMULATIVE)
 
 `LLMEngine.step()` is a blocking forward pass (milliseconds on a CPU, tens of
 milliseconds for a big model on a GPU). A server that called it on its event loop would
@@ -51,7 +51,7 @@ from .chat_limits import check_prompt_size, tokens_per_message
 from .compiler import ConstraintCompiler
 from .fair_queue import FairQueue
 from .inbox import AbortRequest, AddRequest, Shutdown
-from .streams import Deltas, Stream
+from .streams import Deltas, Stream, output_kind
 
 TOKENIZE_BACKLOG = 1024  # prompts one tenant may have waiting for the tokenizer (a full request holds 256)
 TOKENIZE_DUTY = 0.5  # of the tokenizer thread's time, per tenant: rendering a chat template holds the GIL
@@ -107,34 +107,35 @@ class AsyncLLM:
 
     # -- the caller's side (any event loop) ----------------------------------------------------
     async def generate(self, prompt: str | list[int] | list[dict], sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None, *, stream: bool = True, tenant: str | None = None,
+                       request_id: str | None = None, *, stream: bool | None = None, tenant: str | None = None,
                        priority: int = 0, params: SamplingParams | None = None) -> AsyncIterator[RequestOutput]:
-        """Run one request; yield RequestOutputs whose outputs hold only what is new (vLLM's output_kind DELTA).
-
+        """Run one request; yield RequestOutputs as vLLM does, each holding what `params.output_kind` says:
+        CUMULATIVE (the default) every sample's text, token ids and logprobs so far, DELTA only what is new since
+        the last output (`"".join(...)` of the texts is the whole reply; only samples with something new are
+        included), FINAL_ONLY one output, at the end. n > 1 and beam rows: per output index (beam search cannot
+        stream DELTA: a row's hypothesis may be replaced by another). `stream`, this package's older switch,
+        wins when given: True is DELTA, False FINAL_ONLY. Streamed text stops short of a possible stop string.
         `prompt` is a string, a list of token ids, or chat messages ([{"role", "content"}]).
-        Each yielded output's `text` and `token_ids` are the delta since the previous one
-        (so `"".join(...)` of the texts is the whole reply); only samples with something new
-        are included. `stream=False` yields once, at the end, with the whole text.
         Bad input raises ValueError at the first iteration. Leaving the loop early (break,
         cancellation, a disconnected client) aborts the request and frees its KV blocks.
         `tenant` and `priority` decide when it joins the engine (Admission). `sampling_params` is vLLM's
-        name, `params` this package's older one; output_kind FINAL_ONLY is stream=False, CUMULATIVE streams deltas.
+        name, `params` this package's older one.
         """
         if params is not None and sampling_params is not None:
             raise TypeError("give sampling_params or params (the same argument), not both")
         params = sampling_params if sampling_params is not None else params
-        stream = stream and getattr(params, "output_kind", None) is not RequestOutputKind.FINAL_ONLY
         if self._closed:
             raise EngineUnavailable("AsyncLLM is shut down")
         failure = self.failure()
         if failure is not None:
             raise EngineUnavailable(f"the engine cannot serve: {failure}")
         params = params or SamplingParams()
+        kind = output_kind(params, stream)
         token_ids = await self.encode(prompt, tenant)
         index = await self._compiler.index(params, tenant=tenant) if params.constrained else None
         s = Stream(request_id or uuid.uuid4().hex, asyncio.get_running_loop())
         self._send(AddRequest(s, tenant, priority, prompt if isinstance(prompt, str) else None, token_ids, params,
-                              stream_outputs=stream, constraint_index=index))
+                              stream_outputs=kind is not RequestOutputKind.FINAL_ONLY, constraint_index=index))
         deltas = Deltas(params)
         done = False
         try:
@@ -146,7 +147,7 @@ class AsyncLLM:
                 done = item.finished
                 out = deltas.next(item)
                 if out is not None:
-                    yield out
+                    yield out if kind is RequestOutputKind.DELTA else deltas.so_far(item)
         finally:
             if not done:
                 self._send(AbortRequest(s))

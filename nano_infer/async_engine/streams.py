@@ -1,19 +1,34 @@
-"""Where one request's outputs travel to its consumer: a mailbox on the consumer's loop, read as deltas.
+"""Where one request's outputs travel to its consumer: a mailbox on the consumer's loop, read as the caller asked.
 
-`Stream` is a one-item mailbox rather than a queue: outputs are cumulative, so the newest one holds all
-that came before, and a consumer that stops reading costs one output of memory, not a queue of
+`Stream` is a one-item mailbox rather than a queue: the engine's outputs are cumulative, so the newest one
+holds all that came before, and a consumer that stops reading costs one output of memory, not a queue of
 them (which would grow with the square of the tokens). Only the loop's own thread touches it
-(AsyncLLM._push hands `offer` over with call_soon_threadsafe). `Deltas` turns the cumulative
-outputs into the deltas `AsyncLLM.generate` yields.
+(AsyncLLM._push hands `offer` over with call_soon_threadsafe). What `AsyncLLM.generate` yields of them is
+vLLM's `output_kind` (`output_kind` below): `Deltas` cuts each into what is new (DELTA), or into everything
+released so far (CUMULATIVE, `Deltas.so_far`); FINAL_ONLY gets the engine's last output alone.
 """
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ..outputs import CompletionOutput, RequestOutput
-from ..sampling_params import SamplingParams
+from ..outputs import CompletionOutput, RequestOutput, RequestOutputKind
+from ..sampling_params import BeamSearchParams, SamplingParams
 from .admission import Pending
+
+
+def output_kind(params: SamplingParams | BeamSearchParams, stream: bool | None) -> RequestOutputKind:
+    """What each output `AsyncLLM.generate` yields holds. `stream` is this package's older switch and, when given,
+    wins: True is DELTA, False FINAL_ONLY. Left out (None), `params.output_kind` decides, as in vLLM (CUMULATIVE
+    unless asked; BeamSearchParams has no such field and is CUMULATIVE too)."""
+    if stream is not None:
+        kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    else:
+        kind = getattr(params, "output_kind", RequestOutputKind.CUMULATIVE)
+    if kind is RequestOutputKind.DELTA and isinstance(params, BeamSearchParams):
+        raise ValueError("beam search cannot stream deltas: each round a row may take another beam's hypothesis, "
+                         "so what is new would not extend what was sent; ask for CUMULATIVE or FINAL_ONLY")
+    return kind
 
 
 @dataclass(eq=False)
@@ -40,11 +55,12 @@ class Stream:
 
 
 class Deltas:
-    """Turns the engine's cumulative outputs into deltas, sample by sample.
+    """Turns the engine's cumulative outputs into deltas, sample by sample, and knows what has been released.
 
     The engine cuts a stop string off the text once the whole of it has appeared, but by
     then its first characters may already have been sent. So while a request runs, the last
     `len(longest stop) - 1` characters are held back: a stop string can only start there.
+    CUMULATIVE outputs hold the same text back (vLLM does too), so each one's text extends the one before.
     """
 
     def __init__(self, params: SamplingParams):
@@ -63,7 +79,7 @@ class Deltas:
             if upto == chars and len(o.token_ids) == tokens and not o.finished:
                 continue
             deltas.append(CompletionOutput(o.index, o.text[chars:upto], o.token_ids[tokens:], o.finish_reason, o.stop_reason,
-                                           None if o.logprobs is None else o.logprobs[tokens:]))
+                                           None if o.logprobs is None else o.logprobs[tokens:], o.cumulative_logprob))
             self.sent_chars[o.index], self.sent_tokens[o.index] = upto, len(o.token_ids)
             if o.finished:
                 self.finished.add(o.index)
@@ -71,3 +87,8 @@ class Deltas:
             return None
         return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, deltas, out.finished, out.metrics,
                              prompt_logprobs=out.prompt_logprobs)
+
+    def so_far(self, out: RequestOutput) -> RequestOutput:
+        """`out` (already passed to `next`) with every sample's text cut where its deltas have reached: all that
+        is released so far, token ids and logprobs whole (each sample's own, per index: n > 1, beam rows)."""
+        return replace(out, outputs=[replace(o, text=o.text[: self.sent_chars.get(o.index, 0)]) for o in out.outputs])

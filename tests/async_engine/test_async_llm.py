@@ -25,10 +25,10 @@ def allm(qwen2_dir):
     llm.shutdown()
 
 
-async def collect(llm, prompt, params=GREEDY, **kwargs):
-    """(text per sample index, token ids per index, every yielded output)"""
+async def collect(llm, prompt, params=GREEDY, stream=True, **kwargs):
+    """(text per sample index, token ids per index, every yielded output), streamed as deltas unless stream=False"""
     texts, tokens, outs = {}, {}, []
-    async for out in llm.generate(prompt, params, **kwargs):
+    async for out in llm.generate(prompt, params, stream=stream, **kwargs):
         outs.append(out)
         for o in out.outputs:
             texts[o.index] = texts.get(o.index, "") + o.text
@@ -97,7 +97,8 @@ def test_bad_input_raises_value_error_and_the_loop_lives_on(allm, ref):
         asyncio.run(collect(allm, [5] * 600, SamplingParams(max_tokens=1)))
 
     async def duplicate_id():
-        first = allm.generate("To be, or not", SamplingParams(temperature=0, max_tokens=400, ignore_eos=True), "dup")
+        first = allm.generate("To be, or not", SamplingParams(temperature=0, max_tokens=400, ignore_eos=True), "dup",
+                              stream=True)
         tokens = (await anext(first)).outputs[0].token_ids
         with pytest.raises(ValueError, match="already in use"):
             await collect(allm, "The quick", request_id="dup")
@@ -183,7 +184,7 @@ def test_requests_from_two_event_loops_in_two_threads(allm, ref):
 def test_a_consumer_that_falls_behind_gets_one_merged_delta(allm, ref):
     async def lagging():
         pieces = []
-        async for out in allm.generate("To be, or not", GREEDY):
+        async for out in allm.generate("To be, or not", GREEDY, stream=True):
             pieces.append(out.outputs[0].text)
             while allm.engine.requests:  # let the engine finish while we "process" the first piece
                 await asyncio.sleep(0.01)

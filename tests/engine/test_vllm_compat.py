@@ -174,7 +174,7 @@ def test_async_llm_takes_sampling_params_by_vllm_s_name_and_output_kind_final_on
         return [o async for o in allm.generate([5, 6, 7], request_id=kwargs.pop("request_id"), **kwargs)]
 
     try:
-        greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
         by_vllm_name = asyncio.run(collect(sampling_params=greedy, request_id="a"))
         by_old_name = asyncio.run(collect(params=greedy, request_id="b"))
         tokens = [[t for o in outs for t in o.outputs[0].token_ids] for outs in (by_vllm_name, by_old_name)]
