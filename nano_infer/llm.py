@@ -167,8 +167,10 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool | None = None, **template_kwargs) -> list[RequestOutput]:
-        """One conversation (a list of messages) or several; the chat template is applied here."""
+        """One conversation (a list of messages) or several; the chat template is applied here. Each
+        output's `prompt` is the rendered conversation, as vLLM's chat example prints it."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         token_ids = [self.apply_chat_template(c, **template_kwargs) for c in conversations]
-        return self.generate(prompt_token_ids=token_ids, sampling_params=sampling_params, use_tqdm=use_tqdm)
+        texts = [self.tokenizer.decode(ids) for ids in token_ids]
+        return self.generate(texts, sampling_params, prompt_token_ids=token_ids, use_tqdm=use_tqdm)
 

@@ -8,10 +8,12 @@ engine thread is changing, and a scrape and `get_metrics()` taken between the sa
 
 `get_metrics` returns vLLM's reader records (vllm.v1.metrics.reader): a `Counter`, `Gauge` or
 `Histogram` per series, named as Prometheus names the family (a counter without `_total`), with
-the histogram's cumulative bucket counts keyed by their `le` text, "+Inf" last.
+the histogram's cumulative bucket counts keyed by their `le` text, "+Inf" last. The records import from
+`nano_infer.v1.metrics.reader` too, vLLM's path with `vllm` swapped, so its metrics example runs unchanged.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -136,3 +138,11 @@ def records(family: MetricFamily) -> list[Metric]:
         elif s.name.endswith("_sum"):
             h.sum = s.value
     return list(by_labels.values())
+
+
+def _register_vllm_paths() -> None:
+    for path in ("nano_infer.v1.metrics", "nano_infer.v1.metrics.reader"):
+        sys.modules.setdefault(path, sys.modules[__name__])
+
+
+_register_vllm_paths()
