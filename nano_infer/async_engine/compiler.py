@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from ..constrained import ConstraintLimits
-from ..constrained.backends import backend_for
+from ..constrained.backends import ToLibrary, backend_for
 from ..constrained.compile_pool import CompilePool
 from ..constrained.constraint import compile_any, constraint_key
 from ..constrained.params import CONSTRAINT_FIELDS
@@ -29,12 +29,12 @@ class ConstraintCompiler:
 
     async def index(self, params: SamplingParams, trusted: bool = False, tenant: str | None = None) -> TokenIndex | None:
         """The constraint's token index, compiled in a worker (`trusted`: the operator's own, no time limit);
-        or llguidance's GrammarIndex, checked on the tokenizer thread (its own limits bound the work)."""
+        or llguidance's GrammarIndex, checked on the tokenizer thread (its own limits bound the work), for what
+        the backend sends there (under "auto", the worker says so: ToLibrary)."""
         kind = next((k for k in CONSTRAINT_FIELDS if getattr(params, k, None) is not None), None)
-        if kind is not None and backend_for(kind, self.engine.constraint_backend) == "guidance":
-            limits = self.engine.config.constraint_limits or ConstraintLimits()
-            return await self._tokenizer_thread.run(tenant, lambda: compile_any(
-                constraint_key(params), self.engine.vocabulary, limits, backend="guidance"))
+        backend = self.engine.constraint_backend
+        if kind is not None and backend_for(kind, backend) == "guidance":
+            return await self._library(params, tenant)
         if self.pool is None:
             vocab = await self._tokenizer_thread.run(None, lambda: self.engine.vocabulary)  # built once, off the loop
             with self._lock:
@@ -42,8 +42,14 @@ class ConstraintCompiler:
                     raise RuntimeError("AsyncLLM is shut down")
                 if self.pool is None:
                     limits = self.engine.config.constraint_limits or ConstraintLimits()
-                    self.pool = CompilePool(vocab, limits, workers=self._workers)
-        return await self.pool.index(params, trusted, tenant)
+                    self.pool = CompilePool(vocab, limits, workers=self._workers, auto=backend == "auto")
+        index = await self.pool.index(params, trusted, tenant)
+        return await self._library(params, tenant) if isinstance(index, ToLibrary) else index
+
+    async def _library(self, params: SamplingParams, tenant: str | None):
+        limits = self.engine.config.constraint_limits or ConstraintLimits()
+        return await self._tokenizer_thread.run(tenant, lambda: compile_any(
+            constraint_key(params), self.engine.vocabulary, limits, backend="guidance"))
 
     def close(self) -> None:
         with self._lock:

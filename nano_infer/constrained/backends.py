@@ -2,9 +2,12 @@
 
 - "nano": chapter 07's regex -> byte DFA -> token masks (the teaching path): regex, JSON Schema, choice.
 - "guidance": llguidance (grammar_backend): those three, plus `grammar` (GBNF or Lark) and `structural_tag`.
-- "auto" (the default): llguidance for what only it takes (grammar, structural_tag), the DFA for the rest,
-  whose behaviour (fixed JSON layout, the limits and refusals chapter 07 documents) the rest of the package
-  and its tests rely on.
+- "auto" (the default), vLLM's meaning (its first engine, falling back to the next for what the first does
+  not take): the DFA for a regex, JSON Schema or choice it expresses and compiles fast; llguidance for grammar
+  and structural_tag, for what the DFA refuses as unsupported (a recursive $ref, `format`, `multipleOf`, a
+  lookaround, ...: byte_dfa.Unsupported) and for what dfa_cost estimates would take it more than about a second
+  (long `maxLength` / `maxItems` bounds, any-object `json_object`). The limits that protect a server (a
+  constraint's size, its nesting, its regex's length) refuse it whoever would compile it.
 
 vLLM's other names ("xgrammar", "outlines", "lm-format-enforcer") are refused by name: those libraries are
 not dependencies here. This module imports no backend, so choosing costs nothing at start-up.
@@ -12,6 +15,7 @@ not dependencies here. This module imports no backend, so choosing costs nothing
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 BACKENDS = ("auto", "guidance", "nano")
 LIBRARY_KINDS = ("grammar", "structural_tag")
@@ -35,10 +39,25 @@ def backend_of(config) -> str:
 
 
 def backend_for(kind: str, backend: str) -> str:
-    """"guidance" or "nano" for a constraint of `kind` (regex, json_schema, choice, grammar, structural_tag)."""
+    """"guidance" or "nano" for a constraint of `kind` (regex, json_schema, choice, grammar, structural_tag);
+    under "auto", "nano" means the DFA's compile, which may answer ToLibrary."""
     if kind in LIBRARY_KINDS:
         if backend == "nano":
             raise ValueError(f"{kind} needs a grammar engine: structured_outputs_config backend 'nano' (chapter 07's "
                              f"DFA) takes regex, json and choice; use 'auto' or 'guidance'")
         return "guidance"
     return "guidance" if backend == "guidance" else "nano"
+
+
+@dataclass(frozen=True)
+class ToLibrary:
+    """What "auto" answers instead of a DFA index for a constraint llguidance should compile; `why` says which
+    rule sent it there (unsupported, and what, or its estimated cost)."""
+
+    why: str
+
+
+class Unsupported(ValueError):
+    """A regex or JSON Schema that is valid but outside what chapter 07's DFA expresses (a lookaround, a recursive
+    $ref, a schema keyword json_schema.py does not list, ...): "nano" refuses it, naming what; "auto" hands it to
+    llguidance (constraint.compile_index)."""

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import interegular
 import numpy as np
 
+from .backends import Unsupported
+
 MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)  # not characters: UTF-8 cannot encode them
 
@@ -55,7 +57,8 @@ class ByteDFA:
         try:
             fsm = interegular.parse_pattern(strip_anchors(unicode_escapes(pattern))).to_fsm()
         except Exception as e:  # interegular raises its own Unsupported / InvalidSyntax
-            raise ValueError(f"cannot compile regex {_short(pattern)}: {type(e).__name__}: {e}") from e
+            raise (Unsupported if isinstance(e, interegular.patterns.Unsupported) else ValueError)(
+                f"cannot compile regex {_short(pattern)}: {type(e).__name__}: {e}") from e
         _check_states(len(fsm.states), max_states)
         states, initial, accepting = _char_transitions(fsm)
         dfa = _utf8_encode(states, initial, accepting)
@@ -99,8 +102,7 @@ _REGEX_META = set("\\.^$|?*+()[]{}-/")
 
 def strip_anchors(pattern: str) -> str:
     """Drop a leading ^ and a trailing (unescaped) $: the whole output must match anyway."""
-    if pattern.startswith("^"):
-        pattern = pattern[1:]
+    pattern = pattern[1:] if pattern.startswith("^") else pattern
     trailing_backslashes = len(pattern[:-1]) - len(pattern[:-1].rstrip("\\"))
     if pattern.endswith("$") and trailing_backslashes % 2 == 0:
         pattern = pattern[:-1]
@@ -120,9 +122,7 @@ def _char_transitions(fsm) -> tuple[list[list[tuple[int, int, int]]], int, set[i
     for key, symbols in alphabet.by_transition.items():
         points = [ord(c) for c in symbols if c is not interegular.fsm.anything_else]
         ranges = _points_to_ranges(points)
-        if interegular.fsm.anything_else in symbols:
-            ranges = sorted(ranges + _complement(named))
-        key_ranges[key] = ranges
+        key_ranges[key] = sorted(ranges + _complement(named)) if interegular.fsm.anything_else in symbols else ranges
 
     ids = {state: i for i, state in enumerate(sorted(fsm.states, key=lambda s: (s != fsm.initial, s)))}
     states: list[list[tuple[int, int, int]]] = [[] for _ in ids]

@@ -15,6 +15,9 @@ of worker processes (pebble's ProcessPool) at a lower CPU priority than the engi
   tenant too, so a schema that was refused once is refused at once the next time;
 - a JSON Schema whose regex would be too long is refused before it reaches a worker
   (`schema_size`): its length is computed, not written;
+- with `auto` (backend "auto"), a worker answers ToLibrary for a constraint the DFA should not take
+  (constraint.compile_index); the caller compiles that one with llguidance, and the answer is kept like a
+  failure is, per owner, so the same constraint is not sent to a worker again;
 - at most `max_pending` different constraints compile or wait at once; more raise
   `CompilePoolBusy` (a server answers 503);
 - one tenant (a server's client) may have at most `per_tenant` of them (default: half the
@@ -39,13 +42,14 @@ from dataclasses import dataclass, replace
 
 import pebble
 
+from .backends import ToLibrary
 from .constraint import cache_index, check_key, compile_index, constraint_key
 from .index_cache import SHARED
 from .limits import ConstraintLimits
 from .token_index import TokenIndex
 from .vocabulary import TokenVocabulary
 
-FAILURES_KEPT = 256  # constraints remembered as refused
+FAILURES_KEPT = 256  # constraints remembered as refused, and as sent to llguidance
 TIMEOUT_REMEMBERED = 60.0  # seconds a timed-out constraint is refused without trying again
 WORKER_NICENESS = 10  # compiles yield the CPU to the engine thread
 # {"type": "object"} (response_format json_object) is not a client's invention: its cost is known and bounded
@@ -77,8 +81,8 @@ def default_workers() -> int:
 
 class CompilePool:
     def __init__(self, vocab: TokenVocabulary, limits: ConstraintLimits, workers: int | None = None,
-                 max_pending: int = 16, per_tenant: int | None = None):
-        self.vocab, self.limits, self.max_pending = vocab, limits, max_pending
+                 max_pending: int = 16, per_tenant: int | None = None, auto: bool = False):
+        self.vocab, self.limits, self.max_pending, self.auto = vocab, limits, max_pending, auto
         workers = workers or default_workers()
         self.per_tenant = per_tenant or max(1, workers // 2)
         context = multiprocessing.get_context("forkserver")
@@ -89,10 +93,12 @@ class CompilePool:
         self._jobs: dict[tuple, _Job] = {}  # (owner, key) -> its compile
         self._turns: dict[str, list[tuple]] = {}  # tenant -> (loop, asyncio.Event) of its requests waiting for a share
         self._failures: OrderedDict[tuple, tuple[ValueError, float]] = OrderedDict()  # (owner, key) -> (error, until)
+        self._routed: OrderedDict[tuple, ToLibrary] = OrderedDict()  # (owner, key) -> auto's answer
         self.started: Counter = Counter()  # compiles sent to a worker, by owner: what each tenant made the pool do
 
-    async def index(self, params, trusted: bool = False, tenant: str | None = None) -> TokenIndex | None:
-        """The token index `params` asks for, or None for an unconstrained request.
+    async def index(self, params, trusted: bool = False, tenant: str | None = None) -> TokenIndex | ToLibrary | None:
+        """The token index `params` asks for, None for an unconstrained request, ToLibrary (with `auto`) for one
+        llguidance should compile.
 
         Raises ValueError for a constraint that is invalid or over the limits (including the
         time limit), CompilePoolBusy when too many compile at once. Cancelling the awaiting
@@ -108,7 +114,7 @@ class CompilePool:
         key = await asyncio.to_thread(self._checked_key, params)
         shared = trusted or key == ANY_OBJECT_KEY
         owner = SHARED if shared else tenant
-        index = self.vocab.index_cache.get(owner, key)
+        index = self.vocab.index_cache.get(owner, key) or self._routed.get((owner, key))
         if index is not None:
             return index
         job = await self._turn((owner, key), None if shared else self.limits.timeout, tenant)
@@ -158,7 +164,7 @@ class CompilePool:
                         return None
                     raise TenantCompilesBusy(f"{self.per_tenant} constraint(s) of yours are compiling already, your "
                                              f"share of the compile workers; retry when they are done")
-                work = self._pool.schedule(_compile, args=(owned[1], self.limits), timeout=timeout)
+                work = self._pool.schedule(_compile, args=(owned[1], self.limits, self.auto), timeout=timeout)
                 job = self._jobs[owned] = _Job(work, concurrent.futures.Future(), tenant=tenant)
                 self.started[owned[0]] += 1
                 work.add_done_callback(lambda w: self._finished(owned, job))
@@ -176,6 +182,13 @@ class CompilePool:
             done.cancel()
             return
         error = work.exception()
+        if error is None and isinstance(work.result(), ToLibrary):
+            with self._lock:
+                self._routed[owned] = work.result()
+                if len(self._routed) > FAILURES_KEPT:
+                    self._routed.popitem(last=False)
+            done.set_result(work.result())
+            return
         if error is None:
             index = replace(work.result(), token_bytes=self.vocab.token_bytes)
             done.set_result(cache_index(owned[1], self.vocab, index, owned[0], self.limits))
@@ -232,6 +245,8 @@ def _init_worker(token_bytes, eos_token_ids) -> None:
     _VOCAB = TokenVocabulary(token_bytes, eos_token_ids)
 
 
-def _compile(key, limits: ConstraintLimits) -> TokenIndex:
-    index = compile_index(key, _VOCAB, limits)
+def _compile(key, limits: ConstraintLimits, auto: bool) -> TokenIndex | ToLibrary:
+    index = compile_index(key, _VOCAB, limits, auto)
+    if isinstance(index, ToLibrary):
+        return index
     return replace(index, token_bytes=None)  # the caller has the vocabulary; don't send it back

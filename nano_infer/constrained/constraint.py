@@ -7,8 +7,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .backends import backend_for
+from .backends import ToLibrary, Unsupported, backend_for
 from .byte_dfa import ByteDFA
+from .dfa_cost import DFA_BUDGET, dfa_cost
 from .json_schema import escape, json_schema_to_regex, load_schema
 from .limits import ConstraintLimits
 from .schema_size import schema_regex_chars
@@ -80,7 +81,9 @@ def compile_any(key: tuple[str, str], vocab: TokenVocabulary, limits: Constraint
                 backend: str = "auto", owner: Hashable = None):
     """The compiled form of `key` by the backend it goes to: a TokenIndex (cached) or a GrammarIndex."""
     if backend_for(key[0], backend) == "nano":
-        return token_index(key, vocab, limits, owner)
+        index = token_index(key, vocab, limits, owner, auto=backend == "auto")
+        if isinstance(index, TokenIndex):
+            return index
     from .grammar_backend import GrammarIndex
     return GrammarIndex.compile(key, vocab, limits)
 
@@ -132,16 +135,30 @@ def key_regex(key: tuple[str, str], limits: ConstraintLimits = DEFAULT_LIMITS) -
     return pattern
 
 
-def compile_index(key: tuple[str, str], vocab: TokenVocabulary, limits: ConstraintLimits = DEFAULT_LIMITS) -> TokenIndex:
-    """key -> regex -> byte DFA -> token index, refusing anything over `limits` on the way."""
-    dfa = ByteDFA.from_regex(key_regex(key, limits), max_states=limits.max_dfa_states)
+def compile_index(key: tuple[str, str], vocab: TokenVocabulary, limits: ConstraintLimits = DEFAULT_LIMITS,
+                  auto: bool = False) -> TokenIndex | ToLibrary:
+    """key -> regex -> byte DFA -> token index, refusing anything over `limits` on the way.
+
+    With `auto` (backends.py), ToLibrary instead for a constraint the DFA does not express (Unsupported) or
+    whose estimated cost is past DFA_BUDGET: decided before the DFA is built, the limits checked first."""
+    if auto:
+        check_key(key, limits)
+        cost = dfa_cost(key, vocab.vocab_size, limits)
+        if cost > DFA_BUDGET:
+            return ToLibrary(f"its DFA would cost about {cost:,} states (dfa_cost.DFA_BUDGET is {DFA_BUDGET})")
+    try:
+        dfa = ByteDFA.from_regex(key_regex(key, limits), max_states=limits.max_dfa_states)
+    except Unsupported as e:
+        if not auto:
+            raise
+        return ToLibrary(str(e))
     return TokenIndex.build(dfa, vocab)
 
 
 def token_index(key: tuple[str, str], vocab: TokenVocabulary, limits: ConstraintLimits = DEFAULT_LIMITS,
-                owner: Hashable = None) -> TokenIndex:
+                owner: Hashable = None, auto: bool = False) -> TokenIndex | ToLibrary:
     """The token index of a constraint key over `vocab`, from the vocabulary's cache if `owner` may use one
-    kept there (index_cache: its own, or the operator's).
+    kept there (index_cache: its own, or the operator's); with `auto`, ToLibrary for one the DFA should not take.
 
     Thread-safe: the engine thread and other threads may ask at once. The build itself
     (seconds for a big schema) runs outside the cache's lock; two threads building the same key at
@@ -150,7 +167,8 @@ def token_index(key: tuple[str, str], vocab: TokenVocabulary, limits: Constraint
     cached = vocab.index_cache.get(owner, key)
     if cached is not None:
         return cached
-    return cache_index(key, vocab, compile_index(key, vocab, limits), owner, limits)
+    index = compile_index(key, vocab, limits, auto)
+    return cache_index(key, vocab, index, owner, limits) if isinstance(index, TokenIndex) else index
 
 
 def cache_index(key, vocab: TokenVocabulary, index: TokenIndex, owner: Hashable = None,

@@ -19,8 +19,8 @@ properties, required, additionalProperties, items, minItems, maxItems, minLength
 pattern, enum, const, anyOf, oneOf (whose options must not overlap), allOf of one schema,
 local $ref ("#/$defs/..." as pydantic writes them; not recursive), and minimum, maximum,
 exclusiveMinimum, exclusiveMaximum (numbers.py, where every number's digits are bounded too). Annotations (title,
-description, default, ...) are ignored. Any other keyword raises ValueError naming it: a
-keyword that is skipped instead could let through output the schema forbids.
+description, default, ...) are ignored. Any other keyword raises Unsupported (a ValueError) naming it:
+a keyword that is skipped instead could let through output the schema forbids.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import json
 
 import interegular
 
+from .backends import Unsupported
 from .byte_dfa import strip_anchors, unicode_escapes
 from .numbers import NUMBER, numeric_regex
 
@@ -99,7 +100,7 @@ class _Converter:
             raise ValueError(f"schema at {path} must be an object, got {node!r}")
         unknown = sorted(set(node) - ANNOTATIONS - SUPPORTED)
         if unknown:
-            raise ValueError(f"unsupported JSON Schema keyword {unknown[0]!r} at {path} "
+            raise Unsupported(f"unsupported JSON Schema keyword {unknown[0]!r} at {path} "
                              f"(supported: {', '.join(sorted(SUPPORTED))})")
         if "$ref" in node:
             return self.ref(node, path)
@@ -117,13 +118,13 @@ class _Converter:
         if "allOf" in node:
             parts = _list(node, "allOf", path)
             if len(parts) != 1:
-                raise ValueError(f"allOf with {len(parts)} schemas at {path} is not supported (only one)")
+                raise Unsupported(f"allOf with {len(parts)} schemas at {path} is not supported (only one)")
             return self.regex(parts[0], f"{path}/allOf/0")
         kind = node.get("type")
         if kind is None:
             kind = "object" if "properties" in node else "array" if "items" in node else None
         if kind is None:
-            raise ValueError(f"schema at {path} gives no type (nor const, enum, anyOf, oneOf, $ref)")
+            raise Unsupported(f"schema at {path} gives no type (nor const, enum, anyOf, oneOf, $ref)")
         if isinstance(kind, list):
             if not kind:
                 raise ValueError(f"'type' at {path} is an empty list: no value has no type")
@@ -149,13 +150,13 @@ class _Converter:
         lo, hi = _bounds(node, "minLength", "maxLength", path)
         if "pattern" in node:
             if lo or hi is not None:
-                raise ValueError(f"pattern together with minLength/maxLength at {path} is not supported")
+                raise Unsupported(f"pattern together with minLength/maxLength at {path} is not supported")
             return '"' + _json_safe_pattern(node["pattern"], path) + '"'
         return '"' + STRING_CHAR + _repeat(lo, hi) + '"'
 
     def array(self, node: dict, path: str) -> str:
         if "items" not in node:
-            raise ValueError(f"array at {path} needs 'items'")
+            raise Unsupported(f"array at {path} needs 'items'")
         lo, hi = _bounds(node, "minItems", "maxItems", path)
         item = self.regex(node["items"], f"{path}/items")
         if hi == 0:
@@ -195,12 +196,12 @@ class _Converter:
     def ref(self, node: dict, path: str) -> str:
         others = sorted(set(node) - ANNOTATIONS - {"$ref"})
         if others:
-            raise ValueError(f"keyword {others[0]!r} next to $ref at {path} is not supported")
+            raise Unsupported(f"keyword {others[0]!r} next to $ref at {path} is not supported")
         ref = node["$ref"]
         if not isinstance(ref, str) or not ref.startswith("#"):
-            raise ValueError(f"$ref {ref!r} at {path}: only local references ('#/...') are supported")
+            raise Unsupported(f"$ref {ref!r} at {path}: only local references ('#/...') are supported")
         if ref in self.expanding:
-            raise ValueError(f"recursive $ref {ref!r} at {path} cannot be expressed as a regex")
+            raise Unsupported(f"recursive $ref {ref!r} at {path} cannot be expressed as a regex")
         target = self.root
         for part in filter(None, ref[1:].split("/")):
             part = part.replace("~1", "/").replace("~0", "~")
@@ -265,9 +266,9 @@ def _json_safe_pattern(pattern, path: str) -> str:
     try:
         fsm = interegular.parse_pattern(pattern).to_fsm()
     except Exception as e:
-        raise ValueError(f"cannot compile pattern {pattern!r} at {path}: {e}") from e
+        raise Unsupported(f"cannot compile pattern {pattern!r} at {path}: {e}") from e
     if not (fsm & _UNSAFE).empty():
-        raise ValueError(f"pattern {pattern!r} at {path} can match '\"', '\\' or a control "
+        raise Unsupported(f"pattern {pattern!r} at {path} can match '\"', '\\' or a control "
                          f"character, which a JSON string must escape; exclude them (e.g. [^\"\\\\])")
     return f"({pattern})"
 
@@ -281,5 +282,5 @@ def _check_disjoint(options: list[str], path: str) -> None:
     for i in range(len(fsms)):
         for j in range(i + 1, len(fsms)):
             if not (fsms[i] & fsms[j]).empty():
-                raise ValueError(f"oneOf at {path}: options {i} and {j} can match the same JSON, "
+                raise Unsupported(f"oneOf at {path}: options {i} and {j} can match the same JSON, "
                                  f"so output could be valid for both (use anyOf)")

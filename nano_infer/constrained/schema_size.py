@@ -49,11 +49,25 @@ class _Lengths:
         if not isinstance(node, dict):
             return 0, 1
         chars, levels = self._node(node, path, depth)
+        self._check(chars, path)
+        return chars, levels
+
+    def size(self, fragment: str) -> int:
+        """What a piece of regex written as it is counts (its characters; dfa_cost counts otherwise)."""
+        return len(fragment)
+
+    def repeat(self, unit: int, lo: int, hi: int | None) -> int:
+        """What `unit` repeated lo to hi times counts: its regex once, then the {lo,hi} after it."""
+        return unit + len(_repeat(lo, hi))
+
+    def any_object(self) -> int:
+        return _any_object_chars()
+
+    def _check(self, chars: int, path: str) -> None:
         if chars > self.limits.max_regex_chars:
             raise ValueError(f"the json schema's regex is longer than {self.limits.max_regex_chars:,} characters "
                              f"(ConstraintLimits.max_regex_chars), past it at {path}: an array's items appear twice "
                              f"in its regex and a $ref once per use, so each level of nesting multiplies the length")
-        return chars, levels
 
     def _too_deep(self):
         raise ValueError(f"the json schema nests more than {self.limits.max_nesting} schemas deep, counting each $ref "
@@ -67,10 +81,10 @@ class _Lengths:
         if "$ref" in node:
             return self._ref(node["$ref"], depth)
         if "const" in node:
-            return len(_literal(node["const"], path)), 1
+            return self.size(_literal(node["const"], path)), 1
         if "enum" in node:
             values = node["enum"]
-            return (_one_of([len(_literal(v, path)) for v in values]) if isinstance(values, list) and values else 0), 1
+            return (_one_of([self.size(_literal(v, path)) for v in values]) if isinstance(values, list) and values else 0), 1
         for key in ("anyOf", "oneOf"):
             if key in node:
                 options = node[key]
@@ -96,9 +110,9 @@ class _Lengths:
 
     def _typed(self, kind: str, node: dict, path: str, depth: int) -> tuple[int, int]:
         if kind in SIMPLE_TYPES:
-            return len(SIMPLE_TYPES[kind]), 1
+            return self.size(SIMPLE_TYPES[kind]), 1
         if kind in ("integer", "number"):
-            return len(numeric_regex(kind, node, path)), 1
+            return self.size(numeric_regex(kind, node, path)), 1
         if kind == "string":
             return self._string(node, path), 1
         if kind == "array" and "items" in node:
@@ -111,15 +125,15 @@ class _Lengths:
         lo, hi = _bounds(node, "minLength", "maxLength", path)
         if "pattern" in node:
             pattern = node["pattern"]
-            return 4 + len(strip_anchors(unicode_escapes(pattern))) if isinstance(pattern, str) else 0
-        return 2 + len(STRING_CHAR) + len(_repeat(lo, hi))
+            return 4 + self.size(strip_anchors(unicode_escapes(pattern))) if isinstance(pattern, str) else 0
+        return 2 + self.repeat(self.size(STRING_CHAR), lo, hi)
 
     def _array(self, node: dict, path: str, depth: int) -> tuple[int, int]:
         lo, hi = _bounds(node, "minItems", "maxItems", path)
         (item,), levels = self._children([node["items"]], f"{path}/items", depth)
         if hi == 0:
             return 4, levels
-        more = 4 + item + len(_repeat(max(lo - 1, 0), None if hi is None else hi - 1))
+        more = self.repeat(4 + item, max(lo - 1, 0), None if hi is None else hi - 1)
         return 4 + item + more + (3 if lo == 0 else 0), levels
 
     def _object(self, node: dict, path: str, depth: int) -> tuple[int, int]:
@@ -128,16 +142,16 @@ class _Lengths:
             if extra is False:
                 return 4, 1
             if extra is True:
-                return _any_object_chars(), 1
+                return self.any_object(), 1
             (value,), levels = self._children([extra], f"{path}/additionalProperties", depth)
-            return 12 + 2 * (len(STRING) + 2 + value), levels
+            return 12 + 2 * (self.size(STRING) + 2 + value), levels
         properties, required = node["properties"], node.get("required", [])
         if not isinstance(properties, dict):
             return 0, 1
         required = required if isinstance(required, list) else []
         names = list(properties)
         values, levels = self._children([properties[n] for n in names], f"{path}/properties", depth)
-        members = [len(_literal(n, path)) + 2 + v for n, v in zip(names, values)]
+        members = [self.size(_literal(n, path)) + 2 + v for n, v in zip(names, values)]
         needed = [n in required for n in names]
         # what each member costs after the first one present: ", m" if required, "(, m)?" if not
         after = [m + (2 if req else 5) for m, req in zip(members, needed)]

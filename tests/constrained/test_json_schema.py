@@ -129,7 +129,7 @@ def test_valid_documents_match_and_invalid_ones_do_not(name):
 @given(name=st.sampled_from(sorted(SCHEMAS)), wide=st.booleans(), data=st.data())
 def test_constrained_walks_produce_valid_json(name, wide, data):
     vocab = byte_bpe_vocabulary()
-    constraint = build_constraint(SamplingParams(json_schema=SCHEMAS[name]), vocab, "cpu")
+    constraint = build_constraint(SamplingParams(json_schema=SCHEMAS[name]), vocab, "cpu", backend="nano")
     text = walk(constraint, vocab, chooser(data), free_steps=25, prefer_non_ascii=wide).decode("utf-8")
     jsonschema.validate(json.loads(text), SCHEMAS[name])
 
@@ -192,7 +192,7 @@ BAD = [
 @pytest.mark.parametrize("schema,message", BAD, ids=[m for _, m in BAD])
 def test_bad_schemas_are_refused_with_a_reason(schema, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        build_constraint(SamplingParams(json_schema=schema), byte_bpe_vocabulary(), "cpu")
+        build_constraint(SamplingParams(json_schema=schema), byte_bpe_vocabulary(), "cpu", backend="nano")
 
 
 @pytest.mark.parametrize("pattern,message", [
@@ -202,7 +202,7 @@ def test_bad_schemas_are_refused_with_a_reason(schema, message):
 ])
 def test_bad_regexes_are_refused_with_a_reason(pattern, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        build_constraint(SamplingParams(regex=pattern), byte_bpe_vocabulary(), "cpu")
+        build_constraint(SamplingParams(regex=pattern), byte_bpe_vocabulary(), "cpu", backend="nano")
 
 
 def test_a_schema_string_too_deep_or_with_a_number_too_long_to_read_is_a_value_error():
