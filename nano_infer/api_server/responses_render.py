@@ -147,7 +147,8 @@ class _Items:
             events.append(self._at("response.output_text.done", content_index=0, text=text, logprobs=[]))
             events.append(self._at("response.content_part.done", content_index=0, part=_part(text)))
         else:  # a named call's arguments cut by max_output_tokens are no JSON: the item says so
-            events.append(self._at("response.function_call_arguments.done", name=item["name"], arguments=item["arguments"]))
+            events.append(self._at("response.function_call_arguments.done", name=item["name"],
+                                   arguments=item["arguments"]))
         item["status"] = "incomplete" if cut else "completed"
         events.append(self._at("response.output_item.done", item=item))
         self.done.append(item)
