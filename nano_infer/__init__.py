@@ -27,6 +27,7 @@ from .sampling_params import SamplingParams
 # vLLM's deeper path for AsyncLLM, with `vllm` swapped (its async streaming example imports it from there)
 for _path in ("nano_infer.v1.engine", "nano_infer.v1.engine.async_llm"):
     sys.modules.setdefault(_path, sys.modules[AsyncLLM.__module__])
+del _path
 
 __all__ = ["AsyncEngineArgs", "AsyncLLM", "EngineArgs", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams", "default_model"]
 __version__ = "0.1.0"
