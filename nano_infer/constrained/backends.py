@@ -5,9 +5,10 @@
 - "auto" (the default), vLLM's meaning (its first engine, falling back to the next for what the first does
   not take): the DFA for a regex, JSON Schema or choice it expresses and compiles fast; llguidance for grammar
   and structural_tag, for what the DFA refuses as unsupported (a recursive $ref, `format`, `multipleOf`, a
-  lookaround, ...: byte_dfa.Unsupported) and for what dfa_cost estimates would take it more than about a second
-  (long `maxLength` / `maxItems` bounds, any-object `json_object`). The limits that protect a server (a
-  constraint's size, its nesting, its regex's length) refuse it whoever would compile it.
+  Unicode property class in a regex, ...: backends.Unsupported) and for what dfa_cost estimates would take
+  more than about a second to compile (long `maxLength` / `maxItems` bounds, any-object `json_object`). The
+  limits that protect a server (a constraint's size, its nesting, its regex's length) refuse it whichever
+  backend would compile it.
 
 vLLM's other names ("xgrammar", "outlines", "lm-format-enforcer") are refused by name: those libraries are
 not dependencies here. This module imports no backend, so choosing costs nothing at start-up.

@@ -111,7 +111,8 @@ def constraint_key(params) -> tuple[str, str] | None:
 
 def check_key(key: tuple[str, str], limits: ConstraintLimits = DEFAULT_LIMITS) -> None:
     """The limits a constraint key can be held to before any of it is compiled: its text's size and
-    nesting, and the length of a schema's regex (computed, not written). Cheap enough for an event loop."""
+    nesting, the length of a schema's regex (computed, not written) and its repetition counts. Cheap enough for
+    an event loop."""
     kind, text = key
     limits.check_spec(kind.replace("_", " "), text)
     if kind in ("grammar", "structural_tag"):
@@ -119,6 +120,8 @@ def check_key(key: tuple[str, str], limits: ConstraintLimits = DEFAULT_LIMITS) -
         check_grammar(kind, text)
     elif kind == "json_schema":
         schema_regex_chars(json.loads(text), limits)
+    elif kind == "regex":
+        limits.check_regex(text)
 
 
 def key_regex(key: tuple[str, str], limits: ConstraintLimits = DEFAULT_LIMITS) -> str:

@@ -27,9 +27,12 @@ from .json_schema import ANY_JSON_DEPTH, _any_value, _members, load_schema
 from .limits import ConstraintLimits
 from .schema_size import _Lengths
 
-DFA_BUDGET = 600  # estimated states (free positions weighted) past which "auto" leaves a constraint to llguidance
+DFA_BUDGET = 800  # estimated states (free positions weighted) past which "auto" leaves a constraint to llguidance
 FREE_POSITION_VOCAB = 5_000  # vocabulary entries per extra state a free position counts
 _COUNT = re.compile(r"\{(\d+)(?:(,)(\d*))?\}")
+WIDE = 200  # characters a position takes for the walk from it to reach most of a vocabulary: a free position
+NARROW = 16  # fewer characters than this: a position's walk reaches a few tokens
+_ESCAPE_MEMBERS = {"d": 10, "w": 63, "s": 6, "D": WIDE, "W": WIDE, "S": WIDE}
 _CODE_DIGITS = {"x": 2, "u": 4, "U": 8}  # \xHH, \uHHHH, \UHHHHHHHH: one character, as \u{...} and \x{...} are
 _BRACED = re.compile(r"\{[0-9a-fA-F]*\}")
 _GROUP_NAME = re.compile(r"(\?(P?<[^>]*>|[a-zA-Z]*:|[=!]|<[=!]))?")  # what may follow "(" and is no position
@@ -74,16 +77,13 @@ def regex_cost(pattern: str, free: int) -> int:
             at += 1
             continue
         elif c == "[":
-            close = _class_end(pattern, at)
-            atom, at = 1 + (free if pattern.startswith("^", at + 1) else 0), close
+            at, members = _class(pattern, at)
+            atom = _weight(members, free)
         elif c == "\\":
-            letter = pattern[at + 1:at + 2]
-            atom, at = 1 + (free if letter in ("S", "D", "W") else 0), at + 2
-            if letter in _CODE_DIGITS:
-                braced = _BRACED.match(pattern, at)
-                at = braced.end() if braced else at + _CODE_DIGITS[letter]
+            members, at = _char(pattern, at)
+            atom = _weight(members if isinstance(members, int) and pattern[at - 1] in _ESCAPE_MEMBERS else 1, free)
         else:
-            atom, at = 1 + (free if c == "." else 0), at + 1
+            atom, at = _weight(WIDE if c == "." else 1, free), at + 1
         groups[-1][0] += atom
         groups[-1][1] = atom
     while len(groups) > 1:  # an unclosed group: the DFA refuses it, the count just ends
@@ -105,13 +105,44 @@ def _times(pattern: str, at: int) -> tuple[int, int]:
     return max(times, 1), at
 
 
-def _class_end(pattern: str, at: int) -> int:
-    """Where the character class opening at `at` ends (past its `]`; a `]` first in it is a member)."""
-    i = at + 1 + pattern.startswith("^", at + 1)
-    i += pattern.startswith("]", i)
-    while i < len(pattern) and pattern[i] != "]":
-        i += 2 if pattern[i] == "\\" else 1
-    return i + 1
+def _weight(members: int, free: int) -> int:
+    """A position taking `members` characters: one state, and up to `free` more as it nears WIDE (none below
+    NARROW: a vocabulary holds few tokens spelled with digits alone, or with a handful of letters)."""
+    return 1 + (free * min(members, WIDE) // WIDE if members >= NARROW else 0)
+
+
+def _class(pattern: str, at: int) -> tuple[int, int]:
+    """(where the character class opening at `at` ends, past its `]`; how many characters it takes, WIDE for a
+    negated one). A `]` first in it is a member; `a-z` counts 26."""
+    negated = pattern.startswith("^", at + 1)
+    i, members, last = at + 1 + negated, 0, None
+    first = i
+    while i < len(pattern) and (pattern[i] != "]" or i == first):
+        if pattern[i] == "-" and last is not None and pattern[i + 1:i + 2] not in ("]", ""):
+            high, i = _char(pattern, i + 1)
+            members += max(high - last, 0) if isinstance(high, int) and pattern[i - 1] not in _ESCAPE_MEMBERS else 1
+            last = None
+            continue
+        code, i = _char(pattern, i)
+        escaped_class = pattern[i - 2:i - 1] == "\\" and pattern[i - 1] in _ESCAPE_MEMBERS
+        members, last = members + (code if escaped_class else 1), None if escaped_class else code
+    return i + 1, WIDE if negated else members
+
+
+def _char(pattern: str, at: int) -> tuple[int, int]:
+    """(the code point of the character at `at`, or for an escape class \\d, \\w, ... how many it stands for; where
+    the scan goes on). \\xHH, \\uHHHH, \\UHHHHHHHH and \\u{...} are one character."""
+    if pattern[at] != "\\" or at + 1 >= len(pattern):
+        return ord(pattern[at]), at + 1
+    letter = pattern[at + 1]
+    if letter in _ESCAPE_MEMBERS:
+        return _ESCAPE_MEMBERS[letter], at + 2
+    if letter in _CODE_DIGITS:
+        braced = _BRACED.match(pattern, at + 2)
+        digits = braced.group(0)[1:-1] if braced else pattern[at + 2:at + 2 + _CODE_DIGITS[letter]]
+        end = braced.end() if braced else at + 2 + len(digits)
+        return (int(digits, 16) if digits and all(d in "0123456789abcdefABCDEF" for d in digits) else 0), end
+    return ord(letter), at + 2
 
 
 @functools.cache
@@ -129,7 +160,7 @@ class _Costs(_Lengths):
     def size(self, fragment: str) -> int:
         return regex_cost(fragment, self.free)
 
-    def repeat(self, unit: int, lo: int, hi: int | None) -> int:
+    def _repeated(self, unit: int, lo: int, hi: int | None) -> int:
         return unit * max(hi if hi is not None else lo + 1, 1)
 
     def any_object(self) -> int:

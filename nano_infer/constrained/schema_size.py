@@ -57,8 +57,13 @@ class _Lengths:
         return len(fragment)
 
     def repeat(self, unit: int, lo: int, hi: int | None) -> int:
-        """What `unit` repeated lo to hi times counts: its regex once, then the {lo,hi} after it."""
-        return unit + len(_repeat(lo, hi))
+        """What `unit` repeated lo to hi times counts; a count past limits.max_repeat is refused here, before
+        any compile, as the regex would be (whichever backend would compile the schema)."""
+        self.limits.check_regex(_repeat(lo, hi))
+        return self._repeated(unit, lo, hi)
+
+    def _repeated(self, unit: int, lo: int, hi: int | None) -> int:
+        return unit + len(_repeat(lo, hi))  # its regex once, then the {lo,hi} after it
 
     def any_object(self) -> int:
         return _any_object_chars()
