@@ -17,6 +17,9 @@ stored and for the same weights dequantized to bfloat16.
     python -m nano_infer.bench.llamacpp                           # make models, make llama-cpp first
     python -m nano_infer.bench.llamacpp --rounds 5 --threads 2 --max-tokens 128
     python -m nano_infer.bench.llamacpp --quantization none     # nano_infer dequantizing the file at load
+    python -m nano_infer.bench.llamacpp --shape 0.5b            # Qwen2.5-0.5B's shape (bench/shaped_gguf.py)
+    python -m nano_infer.bench.llamacpp --busy 2                # also beside two busy processes (bench/busy.py)
+    python -m nano_infer.bench.llamacpp --busy 1 --busy-kind decode   # ... beside a second nano_infer decoding
 
 `python -m nano_infer.bench` runs it too (`--no-llama-cpp` leaves it out).
 """
@@ -34,6 +37,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .busy import KINDS
 from .timing import verdict
 
 DEFAULT_GGUF = Path(__file__).resolve().parents[2] / ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"  # make models
@@ -239,17 +243,20 @@ class Worker:
 
 
 def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2, max_tokens: int = 128,
-            quantization: str | None = None, log=print) -> dict:
+            quantization: str | None = None, busy: int = 0, busy_kind: str = "spin", log=print) -> dict:
     """Both engines on one chat per round, alternating; the times, their ratios and the roofline. JSON-ready.
-    `quantization` is nano_infer's option (None: its default)."""
+    `quantization` is nano_infer's option (None: its default). With `busy` > 0, each engine also runs each round's
+    chat beside `busy` processes of `busy_kind` (bench/busy.py), right after its quiet run."""
     import torch
 
+    from .busy import BusyLoad
     from .decode import copy_bandwidth
 
     if rounds < 1 or max_tokens < 2:
         raise ValueError(f"rounds must be at least 1 and max_tokens at least 2, got {rounds} and {max_tokens}")
-    workers = {}
+    workers, load = {}, None
     try:
+        load = BusyLoad(busy, busy_kind, str(model)) if busy else None
         for name in ENGINES:
             workers[name] = Worker(name, str(model), threads, quantization if name == "nano_infer" else None)
         prompts = [workers["nano_infer"].ask({"messages": chat(r)})["ids"] for r in range(rounds + 1)]
@@ -258,17 +265,24 @@ def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2,
             now = w.ask({"ids": prompts[0], "max_tokens": 8})["rss_mib"]
             before = w.ready["before_load_rss_mib"]
             grown[name] = None if now is None or before is None else now - before
-        runs = {name: [] for name in ENGINES}
+        runs, busy_runs = {name: [] for name in ENGINES}, {name: [] for name in ENGINES}
         for r in range(1, rounds + 1):
             for name in ENGINES if r % 2 else ENGINES[::-1]:
-                runs[name].append(workers[name].ask({"ids": prompts[r], "max_tokens": max_tokens}))
+                job = {"ids": prompts[r], "max_tokens": max_tokens}
+                runs[name].append(workers[name].ask(job))
                 t = runs[name][-1]
                 log(f"  round {r}/{rounds} {name:>10}: {t['ms_per_token']:6.1f} ms/token, TTFT {t['ttft_ms']:6.0f} ms")
+                if load:
+                    with load:
+                        busy_runs[name].append(b := workers[name].ask(job))
+                    log(f"  {'':>9} busy {name:>10}: {b['ms_per_token']:6.1f} ms/token, TTFT {b['ttft_ms']:6.0f} ms")
         memory = {name: max([w.ready["max_rss_mib"]] + [t["max_rss_mib"] for t in runs[name]])
                   for name, w in workers.items()}
     finally:
         for w in workers.values():
             w.close()
+        if load:
+            load.close()
     with_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     bandwidth = copy_bandwidth(torch.device("cpu"))  # the workers are idle now
@@ -287,8 +301,21 @@ def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2,
         "same_leading_tokens": same, "weights": weights, "roofline": roofline(weights, bandwidth),
         "llama_cpp_extra_buffer_types": workers["llama.cpp"].ready.get("extra_buffer_types", True),
     }
+    if load:
+        result["busy"] = busy_result(runs, busy_runs, load.describe())
     log(format_result(result))
     return result
+
+
+def busy_result(quiet: dict[str, list[dict]], busy: dict[str, list[dict]], load: str) -> dict:
+    """Each engine's slowdown beside the load (busy / quiet ms per token, per round), and nano_infer's slowdown over
+    llama.cpp's: above 1, the load costs nano_infer more."""
+    slowdown = {name: [b["ms_per_token"] / q["ms_per_token"] for q, b in zip(quiet[name], busy[name])]
+                for name in ENGINES}
+    return {"load": load, "runs": busy,
+            "median_ms_per_token": {name: statistics.median(t["ms_per_token"] for t in busy[name]) for name in ENGINES},
+            "slowdown": {name: paired_ratios(slowdown[name], [1.0] * len(slowdown[name])) for name in ENGINES},
+            "slowdown_ratio": paired_ratios(slowdown["nano_infer"], slowdown["llama.cpp"])}
 
 
 def leading_agreement(a: list[int], b: list[int]) -> int:
@@ -331,6 +358,16 @@ def format_result(result: dict) -> str:
                  f"at least {roof['stored_ms']:.1f} ms/token as stored, {roof['bfloat16_ms']:.1f} in bfloat16")
     for name in ENGINES:
         lines.append(f"  {name:>10} decodes at {med[name]['ms_per_token'] / roof['stored_ms']:.1f}x the as-stored floor")
+    if "busy" in result:
+        busy = result["busy"]
+        lines.append(f"  beside {busy['load']}:")
+        for name in ENGINES:
+            s = busy["slowdown"][name]
+            lines.append(f"  {name:>10}: {busy['median_ms_per_token'][name]:6.1f} ms/token, {s['median']:.2f}x its quiet "
+                         f"time (rounds {s['min']:.2f}-{s['max']:.2f})")
+        r = busy["slowdown_ratio"]
+        lines.append(f"  nano_infer's slowdown / llama.cpp's: {r['median']:.2f}x (rounds {r['min']:.2f}-{r['max']:.2f}) "
+                     f"-> {r['verdict'].replace('faster', 'slows less')}")
     return "\n".join(lines)
 
 
@@ -346,6 +383,8 @@ def run_or_explain(model: str | Path = DEFAULT_GGUF, **options) -> dict:
 
 
 def parse_args(argv=None):
+    from .shaped_gguf import SHAPES
+
     p = argparse.ArgumentParser(prog="python -m nano_infer.bench.llamacpp", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=str(DEFAULT_GGUF), help="a GGUF file both engines load (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, each engine once per round (default: 3)")
@@ -353,6 +392,12 @@ def parse_args(argv=None):
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per chat (default: 128)")
     p.add_argument("--quantization", choices=("none", "gguf"), help="nano_infer's quantization option: 'gguf' runs "
                    "the file as stored, 'none' dequantizes it (default: the engine's own default)")
+    p.add_argument("--shape", choices=("smollm2", *SHAPES), default="smollm2",
+                   help="the model: smollm2 is --model; 0.5b / 1.5b a Q4_1 file of Qwen2.5's shape with random weights "
+                   "and --model's tokenizer, written once beside it (default: %(default)s)")
+    p.add_argument("--busy", type=int, default=0, help="also time each engine beside N busy processes (default: 0)")
+    p.add_argument("--busy-kind", choices=KINDS, default="spin", help="what the busy processes run: a spinning loop "
+                   "or a nano_infer engine decoding the same file (default: %(default)s)")
     p.add_argument("--json", help="also write the result to this file")
     p.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -360,6 +405,8 @@ def parse_args(argv=None):
         p.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
+    if args.busy < 0:
+        p.error(f"--busy must be at least 0, got {args.busy}")
     if args.max_tokens < 2:
         p.error(f"--max-tokens must be at least 2 (a decode time needs two tokens), got {args.max_tokens}")
     return args
@@ -370,8 +417,11 @@ def main(argv=None) -> dict | None:
     if args.worker:
         worker(args.worker, args.model, args.threads, args.quantization)
         return None
-    result = run_or_explain(args.model, rounds=args.rounds, threads=args.threads, max_tokens=args.max_tokens,
-                            quantization=args.quantization)
+    from .shaped_gguf import shaped_gguf
+
+    model = args.model if args.shape == "smollm2" or missing() else shaped_gguf(args.shape, args.model)
+    result = run_or_explain(model, rounds=args.rounds, threads=args.threads, max_tokens=args.max_tokens,
+                            quantization=args.quantization, busy=args.busy, busy_kind=args.busy_kind)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return result
