@@ -64,7 +64,7 @@ def build_constraint(params, vocab: TokenVocabulary, device="cpu", limits: Const
     `index` is the token index (or llguidance's GrammarIndex) when the caller compiled it already
     (AsyncLLM does, off the engine thread); `backend` picks who compiles it otherwise (backends.py).
     Raises ValueError, saying why, for a regex that matches nothing or cannot be compiled, a malformed
-    schema or grammar, a schema keyword the DFA path does not support, or a constraint over `limits`.
+    schema or grammar, a constraint over `limits`, or (backend "nano") one the DFA does not express.
     """
     if index is None:
         key = constraint_key(params)

@@ -8,11 +8,12 @@ cost before paying it. Two things grow, and both are counted here:
   time that grows faster than its states (interegular's automaton products).
 - the token index: from every state, a walk of the vocabulary's trie as far as the DFA lets it. A position
   any character may fill (inside a JSON string, `[^...]`, `.`) lets the walk reach the whole trie, so it costs
-  in proportion to the vocabulary; a digit or a literal lets through a few tokens.
+  in proportion to the vocabulary; `[a-z]` reaches the many tokens spelled in lowercase, a digit or a literal
+  a few.
 
-The estimate counts one per regex position (a literal, a class, an escape), repetitions multiplied out, and a
-free position `vocab_size // FREE_POSITION_VOCAB` more. A constraint past DFA_BUDGET goes to llguidance under
-"auto". Both numbers come from compiling schemas on this project's 2-core CPU at SmolLM2's vocabulary (49,152)
+The estimate counts one per regex position (a literal, a class, an escape), repetitions multiplied out, and
+for a class up to `vocab_size // FREE_POSITION_VOCAB` more, in proportion to the characters it takes (all of
+it from WIDE on, a free position). A constraint past DFA_BUDGET goes to llguidance under "auto". Both numbers come from compiling schemas on this project's 2-core CPU at SmolLM2's vocabulary (49,152)
 and Qwen2.5's (151,936): a budget that keeps a compile under about a second at both.
 
 The walk is schema_size's, whose JSON Schema rules write the regex; nothing is written here.
@@ -27,11 +28,11 @@ from .json_schema import ANY_JSON_DEPTH, _any_value, _members, load_schema
 from .limits import ConstraintLimits
 from .schema_size import _Lengths
 
-DFA_BUDGET = 800  # estimated states (free positions weighted) past which "auto" leaves a constraint to llguidance
+DFA_BUDGET = 700  # estimated states (free positions weighted) past which "auto" leaves a constraint to llguidance
 FREE_POSITION_VOCAB = 5_000  # vocabulary entries per extra state a free position counts
 _COUNT = re.compile(r"\{(\d+)(?:(,)(\d*))?\}")
-WIDE = 200  # characters a position takes for the walk from it to reach most of a vocabulary: a free position
-NARROW = 16  # fewer characters than this: a position's walk reaches a few tokens
+WIDE = 64  # characters a class takes from which its walk reaches as many tokens as a free position's ([a-zA-Z0-9_])
+NARROW = 24  # fewer characters than this (digits, hex digits, a few letters): the walk reaches few tokens
 _ESCAPE_MEMBERS = {"d": 10, "w": 63, "s": 6, "D": WIDE, "W": WIDE, "S": WIDE}
 _CODE_DIGITS = {"x": 2, "u": 4, "U": 8}  # \xHH, \uHHHH, \UHHHHHHHH: one character, as \u{...} and \x{...} are
 _BRACED = re.compile(r"\{[0-9a-fA-F]*\}")
@@ -58,7 +59,7 @@ def regex_cost(pattern: str, free: int) -> int:
     groups = [[0, 0]]  # per open group: [positions so far, positions of the last atom]
     at, end = 0, len(pattern)
     while at < end:
-        c, atom = pattern[at], None
+        c = pattern[at]
         if c == "(":
             flags = _INLINE_FLAGS.match(pattern, at)
             if not flags:
@@ -80,8 +81,8 @@ def regex_cost(pattern: str, free: int) -> int:
             at, members = _class(pattern, at)
             atom = _weight(members, free)
         elif c == "\\":
-            members, at = _char(pattern, at)
-            atom = _weight(members if isinstance(members, int) and pattern[at - 1] in _ESCAPE_MEMBERS else 1, free)
+            _, members, at = _char(pattern, at)
+            atom = _weight(members, free)
         else:
             atom, at = _weight(WIDE if c == "." else 1, free), at + 1
         groups[-1][0] += atom
@@ -107,7 +108,7 @@ def _times(pattern: str, at: int) -> tuple[int, int]:
 
 def _weight(members: int, free: int) -> int:
     """A position taking `members` characters: one state, and up to `free` more as it nears WIDE (none below
-    NARROW: a vocabulary holds few tokens spelled with digits alone, or with a handful of letters)."""
+    NARROW: a vocabulary holds few tokens spelled with digits alone, or hex digits)."""
     return 1 + (free * min(members, WIDE) // WIDE if members >= NARROW else 0)
 
 
@@ -119,30 +120,29 @@ def _class(pattern: str, at: int) -> tuple[int, int]:
     first = i
     while i < len(pattern) and (pattern[i] != "]" or i == first):
         if pattern[i] == "-" and last is not None and pattern[i + 1:i + 2] not in ("]", ""):
-            high, i = _char(pattern, i + 1)
-            members += max(high - last, 0) if isinstance(high, int) and pattern[i - 1] not in _ESCAPE_MEMBERS else 1
+            high, count, i = _char(pattern, i + 1)
+            members += high - last if high is not None and high > last else count
             last = None
             continue
-        code, i = _char(pattern, i)
-        escaped_class = pattern[i - 2:i - 1] == "\\" and pattern[i - 1] in _ESCAPE_MEMBERS
-        members, last = members + (code if escaped_class else 1), None if escaped_class else code
+        last, count, i = _char(pattern, i)
+        members += count
     return i + 1, WIDE if negated else members
 
 
-def _char(pattern: str, at: int) -> tuple[int, int]:
-    """(the code point of the character at `at`, or for an escape class \\d, \\w, ... how many it stands for; where
-    the scan goes on). \\xHH, \\uHHHH, \\UHHHHHHHH and \\u{...} are one character."""
+def _char(pattern: str, at: int) -> tuple[int | None, int, int]:
+    """(the code point of the character or escape at `at`, None for a class such as \\d; how many characters
+    it takes; where the scan goes on). \\xHH, \\uHHHH, \\UHHHHHHHH and \\u{...} are one character."""
     if pattern[at] != "\\" or at + 1 >= len(pattern):
-        return ord(pattern[at]), at + 1
+        return ord(pattern[at]), 1, at + 1
     letter = pattern[at + 1]
     if letter in _ESCAPE_MEMBERS:
-        return _ESCAPE_MEMBERS[letter], at + 2
+        return None, _ESCAPE_MEMBERS[letter], at + 2
     if letter in _CODE_DIGITS:
         braced = _BRACED.match(pattern, at + 2)
         digits = braced.group(0)[1:-1] if braced else pattern[at + 2:at + 2 + _CODE_DIGITS[letter]]
         end = braced.end() if braced else at + 2 + len(digits)
-        return (int(digits, 16) if digits and all(d in "0123456789abcdefABCDEF" for d in digits) else 0), end
-    return ord(letter), at + 2
+        return (int(digits, 16) if digits and all(d in "0123456789abcdefABCDEF" for d in digits) else 0), 1, end
+    return ord(letter), 1, at + 2
 
 
 @functools.cache

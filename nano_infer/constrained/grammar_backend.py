@@ -1,5 +1,6 @@
 """Constraints through llguidance: context-free grammars (GBNF or Lark), structural tags, and JSON Schema,
-regex and choice when the engine is told to use it (`structured_outputs_config={"backend": "guidance"}`).
+regex and choice that "auto" does not keep on the DFA (backends.py), or all of them with
+`structured_outputs_config={"backend": "guidance"}`.
 
 Chapter 07's byte DFA precomputes a mask row per state, which a grammar cannot have: a context-free
 language has unboundedly many parser states. llguidance keeps an Earley parser over a lexer and computes

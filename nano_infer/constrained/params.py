@@ -6,7 +6,8 @@ A context-free `grammar` (GBNF or Lark) and a `structural_tag` go to llguidance 
 `whitespace_pattern` is refused by name rather than ignored (the JSON layout is fixed, json_schema.py). The
 layout has no free whitespace at all, so `disable_any_whitespace` holds already; properties a schema does
 not list are never produced, so `disable_additional_properties` holds too; the backend is the engine's
-(`structured_outputs_config`), never switched per request, so `disable_fallback` changes nothing.
+(`structured_outputs_config`); "auto" hands llguidance only what the DFA does not express or would compile
+slowly (backends.py), never a constraint the DFA refused as invalid, and `disable_fallback` changes nothing.
 """
 from __future__ import annotations
 

@@ -48,12 +48,15 @@ CASES = {
     "instructor, no maxLength": ({"json_schema": person(None)}, "nano", "nano"),
     "maxLength 8, free tags": ({"json_schema": SHORT}, "nano", "nano"),
     "maxLength 20": ({"json_schema": person(20)}, "nano", "guidance"),
+    "maxLength 32": ({"json_schema": person(32)}, "guidance", "guidance"),
+    "32 integers": ({"json_schema": {"type": "array", "items": {"type": "integer"}, "maxItems": 32}}, "nano", "nano"),
     "recursive $ref": ({"json_schema": TREE}, "guidance", "guidance"),
     "multipleOf": ({"json_schema": {"type": "integer", "multipleOf": 5}}, "guidance", "guidance"),
     "format": ({"json_schema": {"type": "string", "format": "date"}}, "guidance", "guidance"),
     "oneOf overlapping": ({"json_schema": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}, "guidance", "guidance"),
     "regex, digits": ({"regex": r"\d{3}-\d{4}"}, "nano", "nano"),
-    "regex, 100 alphanumerics": ({"regex": "[a-zA-Z0-9 ]{1,100}"}, "nano", "guidance"),
+    "regex, 100 alphanumerics": ({"regex": "[a-zA-Z0-9 ]{1,100}"}, "guidance", "guidance"),
+    "regex, 40 lowercase": ({"regex": "[a-z]{1,40}"}, "nano", "nano"),
     "regex, 100 of any": ({"regex": "[^\\n]{1,100}"}, "guidance", "guidance"),
     "regex, Unicode class": ({"regex": r"\p{L}{2}"}, "guidance", "guidance"),
     "choice": ({"choice": ["yes", "no"]}, "nano", "nano"),
@@ -121,11 +124,13 @@ def test_regex_cost_counts_positions_times_repetitions(pattern, positions):
 
 def test_free_positions_weigh_by_vocabulary():
     assert regex_cost(r"[^x]{4}\d.", 10) == 4 * 11 + 1 + 11
-    # A JSON string's character at Qwen's size (30 per free position): [^"\\\x00-\x1f] is free (30), and the
-    # hex digits of a \\u escape, [0-9a-cA-CeEfF] then [0-9a-fA-F]{3} or, after [dD][0-7], [0-9a-fA-F]{2}, take
-    # 20 or 22 characters (3 each); the age's digits take fewer than 16 (none). Ten characters: 10 * 48.
+    # a class weighs by the characters it takes, out of 64 (none below 24): 26 lowercase letters, 63, 4, 22
+    assert [regex_cost(p, 64) for p in (r"[a-z]", r"[\u0041-\u005A]{2}", r"[a-zA-Z0-9 ]", r"[a-d]", r"\w",
+                                        r"[0-9a-fA-F]")] == [27, 54, 64, 1, 64, 1]
+    # A JSON string's character at Qwen's size (30 per free position): [^"\\\x00-\x1f] is free (30); the hex
+    # digits of a \\u escape and the age's digits take fewer than 24 characters (none). Ten characters: 10 * 30.
     key = ("json_schema", json.dumps(person(10)))
-    assert QWEN // FREE_POSITION_VOCAB == 30 and dfa_cost(key, QWEN) - dfa_cost(key, 1) == 10 * (30 + 3 + 9 + 6)
+    assert QWEN // FREE_POSITION_VOCAB == 30 and dfa_cost(key, QWEN) - dfa_cost(key, 1) == 10 * 30
 
 
 SUBSET = st.recursive(
