@@ -93,7 +93,8 @@ def test_instructor_json_modes_return_the_model(server, model, sent, mode):
                            http_client=httpx.Client(event_hooks=hooks(sent)))
     ask = ('Paris as JSON, for example {"name": "Rome", "country": "Italy", "population_millions": 3}.'
            if mode == "JSON" else "Describe Paris.")
-    city, raw = instructor.from_openai(client, mode=getattr(instructor.Mode, mode)).chat.completions.create_with_completion(
+    structured = instructor.from_openai(client, mode=getattr(instructor.Mode, mode))
+    city, raw = structured.chat.completions.create_with_completion(
         model=model, response_model=City, max_retries=0, temperature=0, max_tokens=80,
         messages=[{"role": "user", "content": ask}])
     assert sent[0]["response_format"]["type"] == {"JSON": "json_object", "JSON_SCHEMA": "json_schema"}[mode]
@@ -118,8 +119,8 @@ def test_pydantic_ai_agent_calls_its_tool_and_answers(server, model, sent):
 
     client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
                                 http_client=httpx.AsyncClient(event_hooks=hooks(sent, asynchronous=True)))
-    agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)),
-                  model_settings={"temperature": 0, "max_tokens": 60, "parallel_tool_calls": False}, capabilities=[ToolFirst()])
+    agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)), capabilities=[ToolFirst()],
+                  model_settings={"temperature": 0, "max_tokens": 60, "parallel_tool_calls": False})
     cities = []
 
     @agent.tool_plain
@@ -178,6 +179,8 @@ def test_langgraph_react_agent_one_tool_step_under_auto(server, model, sent):
 
     llm = ChatOpenAI(model=model, base_url=server.url + "/v1", api_key="none", temperature=0, max_tokens=60,
                      max_retries=0, http_client=httpx.Client(event_hooks=hooks(sent)))
+    # the example turn goes in through the prompt, not the state: the agent wants each call in its state answered,
+    # and after an answered example this model writes a <tool_response> of its own instead of a call
     example = [HumanMessage("What is the weather in Tokyo?"),
                AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Tokyo"}, "id": "call_example"}])]
     agent = create_react_agent(llm.bind_tools([get_weather], tool_choice="auto"), [get_weather],
@@ -187,6 +190,8 @@ def test_langgraph_react_agent_one_tool_step_under_auto(server, model, sent):
     _, called, result, answer = messages
     (call,) = called.tool_calls
     assert call["name"] == "get_weather" and call["args"] == {"city": "Paris"} and cities == ["Paris"]
+    assert called.response_metadata["finish_reason"] == "tool_calls"  # the server's hermes parser read the call
     assert result.tool_call_id == call["id"] and result.content == RAINY
     assert not answer.tool_calls and "rain" in answer.content.lower()
     assert [body["tool_choice"] for body in sent] == ["auto", "auto"]
+    assert [len(body["messages"]) for body in sent] == [3, 5]  # the example, the question; then the call, its result
