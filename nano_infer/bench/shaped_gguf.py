@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .llamacpp import DEFAULT_GGUF
 from .random_model import QWEN2_5_0_5B, QWEN2_5_1_5B
 
 SHAPES = {"0.5b": QWEN2_5_0_5B, "1.5b": QWEN2_5_1_5B}
@@ -28,15 +27,16 @@ ARCH = "qwen2"
 UNUSED = 5  # gguf's TokenType.UNUSED: a padding row of the vocabulary
 
 
-def shaped_gguf_path(shape: str, source: str | Path = DEFAULT_GGUF) -> Path:
+def shaped_gguf_path(shape: str, source: str | Path) -> Path:
     """Where the file of `shape` ("0.5b" or "1.5b") is kept: beside the tokenizer's source file."""
     if shape not in SHAPES:
         raise ValueError(f"shape={shape!r} is unknown: use one of {', '.join(SHAPES)}")
     return Path(source).parent / f"qwen2.5-{shape}-shape.Q4_1.gguf"
 
 
-def shaped_gguf(shape: str, source: str | Path = DEFAULT_GGUF, log=print) -> Path:
-    """The file of `shape`, written on first use (a minute or two for 1.5B, in numpy)."""
+def shaped_gguf(shape: str, source: str | Path, log=print) -> Path:
+    """The file of `shape`, written on first use (a minute or two for 1.5B, in numpy); `source` is the GGUF file
+    whose tokenizer it takes (SmolLM2-135M-Instruct's, bench.llamacpp.DEFAULT_GGUF)."""
     path = shaped_gguf_path(shape, source)
     if not path.is_file():
         if not Path(source).is_file():
@@ -56,7 +56,7 @@ def _tokenizer_fields(source: Path) -> dict:
     return {name: (f.contents(), f.types) for name, f in fields.items() if name.startswith("tokenizer.")}
 
 
-def write_shaped_gguf(shape: dict, path: str | Path, source: str | Path = DEFAULT_GGUF, seed: int = 0) -> Path:
+def write_shaped_gguf(shape: dict, path: str | Path, source: str | Path, seed: int = 0) -> Path:
     """Write a `qwen2` GGUF of `shape` (random_model's dict: hidden_size, num_hidden_layers, ...) to `path`, written
     to a temporary name first so an interrupted write leaves no file behind."""
     from gguf import GGMLQuantizationType as Q

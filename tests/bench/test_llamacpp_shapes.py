@@ -21,7 +21,7 @@ def test_a_shaped_file_has_the_shape_the_types_and_smollm2s_tokenizer(tmp_path):
     from nano_infer.models.gguf import read_gguf_tensors
     from nano_infer.models.loader import load_tokenizer
 
-    path = write_shaped_gguf(TINY, tmp_path / "tiny.gguf")
+    path = write_shaped_gguf(TINY, tmp_path / "tiny.gguf", llamacpp.DEFAULT_GGUF)
     types = {t.name: t.tensor_type.name for t in read_gguf_tensors(path)}
     assert types["token_embd.weight"] == "Q8_0" and types["blk.1.ffn_down.weight"] == "Q4_1"
     assert types["blk.0.attn_q.bias"] == "F32" and "output.weight" not in types  # tied, as Qwen2.5-0.5B's
@@ -40,9 +40,9 @@ def test_a_shaped_file_has_the_shape_the_types_and_smollm2s_tokenizer(tmp_path):
 def test_shapes_are_named_and_kept_beside_the_tokenizers_file(tmp_path):
     assert shaped_gguf_path("1.5b", tmp_path / "smol.gguf") == tmp_path / "qwen2.5-1.5b-shape.Q4_1.gguf"
     with pytest.raises(ValueError, match="use one of 0.5b, 1.5b"):
-        shaped_gguf_path("7b")
+        shaped_gguf_path("7b", llamacpp.DEFAULT_GGUF)
     with pytest.raises(ValueError, match="smaller than the tokenizer's 49152 tokens"):
-        write_shaped_gguf(dict(TINY, vocab_size=1000), tmp_path / "x.gguf")
+        write_shaped_gguf(dict(TINY, vocab_size=1000), tmp_path / "x.gguf", llamacpp.DEFAULT_GGUF)
 
 
 def _state(pid: int) -> str:
