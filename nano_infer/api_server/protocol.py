@@ -106,9 +106,7 @@ class ResponseFormat(_Body):
     triggers: list[StrictStr] | None = None
 
 
-class StructuredOutputs(_Body):
-    """newer vLLM's `structured_outputs`: one of these."""
-
+class StructuredOutputs(_Body):  # newer vLLM's `structured_outputs`: one of these
     regex: StrictStr | None = None
     json_: dict | StrictStr | None = Field(None, alias="json")
     choice: Capped(StrictStr, MAX_CHOICE_OPTIONS) | None = None
@@ -173,8 +171,7 @@ class _GenerateBody(_Body):
 
 
 class CompletionBody(_GenerateBody):
-    # OpenAI's four forms: a string, strings, token ids, lists of token ids (completion_prompts)
-    # more prompts than MAX_CHOICES are refused by completion_prompts, which names the choices they make
+    # OpenAI's four forms: a string, strings, token ids, lists of them; completion_prompts refuses over MAX_CHOICES
     prompt: StrictStr | Capped(StrictInt, MAX_LIST) | Capped(StrictStr, MAX_LIST) | Capped(Capped(StrictInt, MAX_LIST), MAX_LIST)
     max_tokens: StrictInt | None = Field(16, ge=0)  # OpenAI's default for completions; 0 only with echo
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -207,6 +204,10 @@ class Message(_Body):
     the chat template as it is (a template that renders it, renders it), so it is held to OpenAI's rule for it:
     no text of a control token can hide in it (only a message's content is kept as text, chat_template.py)."""
 
+    refusal: None = None  # these four are in a reply as the SDK dumps it, sent back: taken when null, as in vLLM
+    annotations: None = None
+    audio: None = None
+    function_call: None = None
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | Capped(ContentPart, MAX_MESSAGES) | None = None
     name: Annotated[StrictStr, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")] | None = None

@@ -128,3 +128,20 @@ def test_a_full_tokenizer_backlog_is_a_429_on_every_route(served, monkeypatch):
         r = post(server, path, body)
         assert r.status_code == 429 and r.headers["retry-after"] == "1", (path, r.text)
         assert r.json()["error"]["type"] == "rate_limit_error", r.text
+
+
+
+def test_a_reply_sent_back_as_the_sdk_dumps_it_is_taken(served):
+    """openai's ChatCompletionMessage.model_dump() adds refusal, annotations, audio and function_call (null): vLLM
+    takes them, and so does this server; a value in one of them is still refused by name."""
+    from openai.types.chat import ChatCompletion
+
+    _, server = served
+    first = post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3})
+    assert first.status_code == 200, first.text
+    reply = ChatCompletion.model_validate(first.json()).choices[0].message.model_dump()
+    assert {"refusal", "annotations", "audio", "function_call"} <= set(reply)
+    again = post(server, "/v1/chat/completions", {"messages": [*CHAT, reply, *CHAT], "max_tokens": 3})
+    assert again.status_code == 200, again.text
+    bad = post(server, "/v1/chat/completions", {"messages": [*CHAT, dict(reply, refusal="no")], "max_tokens": 3})
+    assert bad.status_code == 400 and "refusal" in bad.text, bad.text
