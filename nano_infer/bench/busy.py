@@ -61,8 +61,8 @@ class BusyLoad:
             os.waitpid(p.pid, os.WUNTRACED)
 
     def describe(self) -> str:
-        what = "spinning Python loops" if self.kind == "spin" else "nano_infer engines decoding"
-        return f"{self.n} {what}"
+        what = "spinning Python loop" if self.kind == "spin" else "nano_infer engine decoding"
+        return f"{self.n} {what}" if self.n == 1 else f"{self.n} {what.replace('loop', 'loops').replace('engine ', 'engines ')}"
 
     def close(self) -> None:
         for p in self.procs:

@@ -259,7 +259,8 @@ def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2,
         load = BusyLoad(busy, busy_kind, str(model)) if busy else None
         for name in ENGINES:
             workers[name] = Worker(name, str(model), threads, quantization if name == "nano_infer" else None)
-        prompts = [workers["nano_infer"].ask({"messages": chat(r)})["ids"] for r in range(rounds + 1)]
+        # round 0 warms up; a busy run gets a conversation of its own, so no prefix cache serves it from the quiet one
+        prompts = [workers["nano_infer"].ask({"messages": chat(r)})["ids"] for r in range(rounds + 1 + rounds * bool(load))]
         grown = {}
         for name, w in workers.items():  # round 0 warms both up (first calls allocate and initialise)
             now = w.ask({"ids": prompts[0], "max_tokens": 8})["rss_mib"]
@@ -274,7 +275,7 @@ def compare(model: str | Path = DEFAULT_GGUF, rounds: int = 3, threads: int = 2,
                 log(f"  round {r}/{rounds} {name:>10}: {t['ms_per_token']:6.1f} ms/token, TTFT {t['ttft_ms']:6.0f} ms")
                 if load:
                     with load:
-                        busy_runs[name].append(b := workers[name].ask(job))
+                        busy_runs[name].append(b := workers[name].ask(dict(job, ids=prompts[rounds + r])))
                     log(f"  {'':>9} busy {name:>10}: {b['ms_per_token']:6.1f} ms/token, TTFT {b['ttft_ms']:6.0f} ms")
         memory = {name: max([w.ready["max_rss_mib"]] + [t["max_rss_mib"] for t in runs[name]])
                   for name, w in workers.items()}

@@ -67,7 +67,7 @@ def test_busy_processes_run_only_inside_a_busy_run():
             assert _state(proc.pid) in "RS"
             time.sleep(0.3)
         assert _state(proc.pid) == "T" and _cpu_ticks(proc.pid) > idle
-        assert load.describe() == "1 spinning Python loops"
+        assert load.describe() == "1 spinning Python loop"
     finally:
         load.close()
     assert proc.poll() is not None
