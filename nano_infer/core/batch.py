@@ -21,6 +21,10 @@ class BlockSwap:
     out: list[tuple[int, int]]  # (device block, host block)
     copies: list[tuple[int, int]]  # copy-on-write (src, dst) device blocks
     into: list[tuple[int, int]]  # (host block, device block)
+    open_block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) rows of forks (8-bit K/V)
+
+    def __bool__(self) -> bool:
+        return bool(self.out or self.copies or self.into or self.open_block_copies)
 
 
 @dataclass(eq=False)
@@ -94,6 +98,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks, before the step
+    open_block_copies: list[tuple[int, int]] = field(default_factory=list)  # forks' open-block rows (8-bit K/V)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -112,3 +117,17 @@ class StepInput:
     decodes: list[tuple[int, list[list[int]], list[int], int]]
     sample_rows: list[int]  # rows whose logits are returned, in scheduled order (ScheduledSeq.num_logit_rows each)
     moves: BlockSwap | None = None  # the step's block copies no plug-in ran earlier, before the forward pass
+    open_blocks: StepOpenBlocks | None = None  # 8-bit K/V: where each query's own block is kept exact
+
+
+@dataclass
+class StepOpenBlocks:
+    """A step's open-block slots (kv/open_blocks.py), as plain lists: which rows of the step are written to
+    which slots (the tokens a later step reads exactly), for each prefill chunk the slots of the tokens
+    before it in its first block, and for each decode batch each sequence's slots of the blocks its
+    queries sit in (the first query's block, and for a verify the next)."""
+
+    write_rows: list[int]
+    write_slots: list[int]
+    prefill_slots: list[list[int]]
+    decode_slots: list[list[list[int]]]

@@ -92,7 +92,7 @@ class StepContext:
         moves, self.moves = self.moves, None
         moves.out += out
         moves.into += into
-        if moves.out or moves.copies or moves.into:
+        if moves:
             self.runner.swap(moves)
 
 

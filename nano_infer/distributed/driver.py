@@ -38,7 +38,7 @@ def driver_shard(size: int, device: torch.device,
 def start_workers(cfg: EngineConfig, shard: TPShard, launch: Launch | None,
                   build_runner: Callable[[WorkerConfig, TPShard, torch.device], StepExecutor], model: str,
                   dtype: torch.dtype, device: torch.device, max_model_len: int, num_blocks: int | None, block_size: int,
-                  num_host_blocks: int = 0) -> TPExecutor:
+                  num_host_blocks: int = 0, open_blocks: tuple[int, int] = (0, 1)) -> TPExecutor:
     """Spawn (or meet torchrun's) workers; each loads its shard of `model` and a pool of `num_blocks` with
     `build_runner` (the engine's `worker_runner`)."""
     local_ranks = launch.local_world_size if launch else cfg.tensor_parallel_size
@@ -46,6 +46,6 @@ def start_workers(cfg: EngineConfig, shard: TPShard, launch: Launch | None,
     worker = WorkerConfig(build_runner=build_runner, model=model, dtype=dtype, device_type=device.type,
                           max_model_len=max_model_len, num_blocks=num_blocks, num_host_blocks=num_host_blocks,
                           block_size=block_size, attention=cfg.attention,
-                          kv_cache_dtype=cfg.kv_cache_dtype, num_threads=threads,
+                          kv_cache_dtype=cfg.kv_cache_dtype, open_blocks=open_blocks, num_threads=threads,
                           expert_parallel=shard.expert_parallel)
     return TPExecutor(shard, worker, cfg.distributed_backend or default_backend(device.type), cfg.distributed_timeout)

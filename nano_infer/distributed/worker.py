@@ -54,6 +54,7 @@ class WorkerConfig:
     block_size: int
     attention: str
     kv_cache_dtype: str  # how the rank's pool stores its heads' K/V (each rank quantizes its own, scales included)
+    open_blocks: tuple[int, int]  # (rows, ring) of exact open blocks beside an 8-bit pool, the driver's row ids
     num_threads: int | None  # torch threads per rank on a CPU
     expert_parallel: bool = False  # a Mixture-of-Experts model's experts cut whole (see shard.py)
 

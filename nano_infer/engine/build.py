@@ -158,8 +158,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
     tier = kv.tier if config.kv_offloading_size else None  # not the KVManager's stand-in
     executor = None if tp is None else start_workers(
         config, tp, launch, worker_runner, model_name if launch else str(model_dir), dtype, device, max_model_len,
-        kv.num_blocks if kv else None, block_size, tier.num_blocks if tier else 0)
+        kv.num_blocks if kv else None, block_size, tier.num_blocks if tier else 0,
+        (kv_pool.open_rows, kv_pool.open_ring) if kv_pool else (0, 1))
     runner = ModelRunner(model, kv_pool, config.attention, block_size, device, executor)
+    if kv is not None:
+        runner.open_blocks = kv.blocks.open_blocks  # the rows the runner packs each step's open-block slots from
     # a step of a model with experts asks the host how many tokens each expert got: no graph can hold that
     if not (config.enforce_eager or is_moe(hf_config)) and device.type == "cuda" and kv_pool is not None and tp is None:
         runner.capture_decode(max_model_len)

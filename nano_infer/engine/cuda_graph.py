@@ -56,8 +56,8 @@ class DecodeGraphs:
 
     def eligible(self, step) -> bool:
         """A plain decode step (see the module doc) that fits the largest bucket."""
-        if step.prefills or len(step.decodes) != 1:
-            return False
+        if step.prefills or len(step.decodes) != 1 or step.open_blocks is not None:
+            return False  # (an 8-bit pool's exact open blocks are read through per-step slots no graph holds)
         _, _, lens, q_len = step.decodes[0]
         return q_len == 1 and len(lens) <= BATCH_BUCKETS[-1] and len(step.sample_rows) == len(lens)
 

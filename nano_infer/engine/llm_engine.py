@@ -235,7 +235,7 @@ class LLMEngine:
         if not batch.scheduled:
             self._publish()
             return []
-        step = StepContext(batch, self.runner, BlockSwap([], batch.copies, []), start)
+        step = StepContext(batch, self.runner, BlockSwap([], batch.copies, [], batch.open_block_copies), start)
         for plugin in self.plugins:  # by phase: the host tier's copies, then speculation's proposals
             plugin.adjust(step)
         logits = self.runner.run(batch.scheduled, step.moves)  # the block copies no plug-in ran, then the pass

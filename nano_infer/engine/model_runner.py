@@ -21,13 +21,15 @@ they are for.
 """
 from __future__ import annotations
 
+from itertools import accumulate
 
 import torch
 
-from ..models.attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend
+from ..models.attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend, open_block_visible
 from ..kv.block_manager import slot_mapping
-from ..core.batch import BlockSwap, ScheduledSeq, StepInput
+from ..core.batch import BlockSwap, ScheduledSeq, StepInput, StepOpenBlocks
 from ..kv.offload import HostKVPool
+from ..kv.open_blocks import NoOpenBlocks
 from .cuda_graph import DecodeGraphs
 
 # Decodes per attention call on CPU. Each call pads to its own longest context, so sorting by length
@@ -50,6 +52,7 @@ class ModelRunner:
         self.mirrors: list[tuple] = []  # (model, kv_pool, backend) run on every step at the same slots
         self.host_pools: list[HostKVPool] = []  # the host tier of each KV pool (chapter 12)
         self.graphs: DecodeGraphs | None = None  # captured decode steps (CUDA, unless enforce_eager)
+        self.open_blocks = NoOpenBlocks()  # an 8-bit pool's exact open blocks: the block manager's rows
 
     def capture_decode(self, max_model_len: int, capture: bool | None = None) -> None:
         """Replay plain decode steps from CUDA graphs, one per batch-size and table-width bucket (see
@@ -86,6 +89,9 @@ class ModelRunner:
         for host in self.host_pools:
             host.copy_out(swap.out)
         self.copy_blocks(swap.copies)
+        if swap.open_block_copies:
+            for pool in (self.kv_pool, *(m[1] for m in self.mirrors)):
+                pool.copy_open_rows(swap.open_block_copies)
         for host in self.host_pools:
             host.copy_in(swap.into)
 
@@ -100,10 +106,13 @@ class ModelRunner:
         so every decode batch is one contiguous run of rows; prefill chunks follow. Logit rows are
         listed in `scheduled` order: each entry's last `num_logit_rows` (the row that samples, every
         row of a verify, the prompt rows of a prompt being scored)."""
-        cached = self.kv_pool is not None
+        cached, bs = self.kv_pool is not None, self.block_size
         decodes = sorted((i for i, e in enumerate(scheduled) if cached and e.is_decode),
                          key=lambda i: (scheduled[i].num_tokens, scheduled[i].start))
         is_decode = set(decodes)
+        opened = self.open_blocks if cached and self.open_blocks.ring else None
+        step_open = StepOpenBlocks([], [], [], []) if opened is not None else None
+        decode_open = []  # per decode entry, in `decodes` order: its open-block slots
         input_ids, positions, slots, prefills, rows = [], [], [], [], {}
         for i in decodes + [i for i in range(len(scheduled)) if i not in is_decode]:
             e = scheduled[i]
@@ -111,14 +120,29 @@ class ModelRunner:
             input_ids += e.token_ids
             positions += range(start, end)
             if cached:
-                slots += slot_mapping(e.seq.block_table, start, end, self.block_size)
+                slots += slot_mapping(e.seq.block_table, start, end, bs)
             if i not in is_decode:
-                prefills.append((q_start, e.num_tokens, end, e.seq.block_table[: e.num_blocks(self.block_size)] if cached else None))
+                prefills.append((q_start, e.num_tokens, end, e.seq.block_table[: e.num_blocks(bs)] if cached else None))
+            if opened is not None:
+                first = start - start % bs  # the first query's block, exact from its start
+                # kept for later steps: a decode's tokens (a verify may roll back into its first block), a
+                # chunk's in the block it ends in (none when it ends on a boundary)
+                keep = start if i in is_decode else max(start, end - end % bs)
+                step_open.write_rows += range(q_start + keep - start, q_start + e.num_tokens)
+                step_open.write_slots += opened.slots(e.seq, keep, end)
+                if i in is_decode:
+                    decode_open.append(opened.slots(e.seq, first, first + (1 if e.num_tokens == 1 else 2) * bs))
+                else:
+                    step_open.prefill_slots.append(opened.slots(e.seq, first, start))
             if num_rows:
                 rows[i] = range(q_start + e.num_tokens - num_rows, q_start + e.num_tokens)
         sample_rows = [r for i in range(len(scheduled)) for r in rows.get(i, ())]
-        return StepInput(input_ids, positions, slots if cached else None, prefills,
-                         self._decode_batches([scheduled[i] for i in decodes]), sample_rows, moves)
+        batches = self._decode_batches([scheduled[i] for i in decodes])
+        if opened is not None:
+            ends = accumulate(len(lens) for _, _, lens, _ in batches)
+            step_open.decode_slots = [decode_open[end - len(b[2]) : end] for b, end in zip(batches, ends)]
+        return StepInput(input_ids, positions, slots if cached else None, prefills, batches, sample_rows, moves,
+                         step_open)
 
     def _decode_batches(self, scheduled: list[ScheduledSeq]) -> list:
         """`scheduled` (grouped by query length, sorted by context length) cut into batches of at most
@@ -139,21 +163,34 @@ class ModelRunner:
         """(ids, positions, AttentionMetadata) on this rank's device; decode block tables and masks are
         built once per step for all layers."""
         dev, bs = self.device, self.block_size
+        opened = step.open_blocks
         meta = AttentionMetadata(
             slot_mapping=None if step.slot_mapping is None else torch.tensor(step.slot_mapping, device=dev),
             prefills=[SeqSlice(q_start, q_len, context_len, None if table is None else torch.tensor(table, device=dev))
                       for q_start, q_len, context_len, table in step.prefills],
             block_size=bs,
         )
-        for start, tables, lens, q_len in step.decodes:
+        if opened is not None:
+            meta.open_write = tuple(torch.tensor(x, dtype=torch.long, device=dev)
+                                    for x in (opened.write_rows, opened.write_slots))
+            for s, open_slots in zip(meta.prefills, opened.prefill_slots):
+                s.open_slots = torch.tensor(open_slots, dtype=torch.long, device=dev)
+        for j, (start, tables, lens, q_len) in enumerate(step.decodes):
             context_lens = torch.tensor(lens, device=dev)
             tables = torch.tensor(tables, device=dev)
             # query i of a row sits at position context_len - q_len + i and sees keys up to it
             q_pos = context_lens[:, None] - q_len + torch.arange(q_len, device=dev)
-            hidden = torch.arange(tables.shape[1] * bs, device=dev) > q_pos[:, :, None]
+            key_pos = torch.arange(tables.shape[1] * bs, device=dev)
+            open_slots = None
+            if opened is None:
+                hidden = key_pos > q_pos[:, :, None]
+            else:  # then the exact copies of the blocks the queries sit in, after the pool's keys
+                open_slots = torch.tensor(opened.decode_slots[j], dtype=torch.long, device=dev)
+                open_pos = q_pos[:, :1] // bs * bs + torch.arange(open_slots.shape[1], device=dev)
+                hidden = ~open_block_visible(q_pos[:, :, None], key_pos[None, None], open_pos[:, None], bs)
             mask = torch.zeros(hidden.shape, dtype=self.kv_pool.dtype, device=dev).masked_fill_(hidden, float("-inf"))
             meta.decodes.append(DecodeBatch(start, start + len(lens) * q_len, tables, context_lens,
-                                            mask.view(len(lens), 1, q_len, -1), q_len))
+                                            mask.view(len(lens), 1, q_len, -1), q_len, open_slots))
         return torch.tensor(step.input_ids, device=dev), torch.tensor(step.positions, device=dev), meta
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:

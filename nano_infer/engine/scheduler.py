@@ -101,6 +101,7 @@ class Scheduler:
         while not out.scheduled and self.waiting and self._preempt_idle(out):
             self._schedule_waiting(out, budget)  # nothing could run: idle sequences made room
         out.copies = self.kv.take_copies()
+        out.open_block_copies = self.kv.take_open_block_copies()
         return out
 
     def _tokens_for(self, seq: Sequence, budget: int) -> int:

@@ -22,7 +22,7 @@ def worker_runner(cfg: WorkerConfig, shard: TPShard, device: torch.device) -> Mo
     pool = None
     if cfg.num_blocks is not None:
         pool = KVPool(config.num_hidden_layers, cfg.num_blocks, cfg.block_size, model.num_kv_heads,
-                      model.head_dim, cfg.dtype, device, cfg.kv_cache_dtype)
+                      model.head_dim, cfg.dtype, device, cfg.kv_cache_dtype, *cfg.open_blocks)
     runner = ModelRunner(model, pool, cfg.attention, cfg.block_size, device)
     if cfg.num_host_blocks:
         runner.attach_host_tier(cfg.num_host_blocks)

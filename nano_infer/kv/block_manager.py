@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..core.sequence import Sequence
 from ..core.utils import cdiv
 from .block_pool import BlockPool
+from .open_blocks import NoOpenBlocks, OpenBlocks
 
 
 @dataclass
@@ -32,7 +33,7 @@ class BlockEvent:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, log: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, log: bool = False, open_blocks: OpenBlocks | None = None):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must both be >= 1")
         self.num_blocks = num_blocks
@@ -40,6 +41,8 @@ class BlockManager:
         self.pool = BlockPool(num_blocks)
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block copies the runner must do
         self.log: list[BlockEvent] | None = [] if log else None
+        # 8-bit K/V (chapter 14): each sequence's open block kept exact beside the pool, a row each
+        self.open_blocks = open_blocks if open_blocks is not None else NoOpenBlocks()
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _record(self, op: str, seq: Sequence | None, block: int) -> None:
@@ -77,7 +80,7 @@ class BlockManager:
         return needed + (1 if self._write_block_is_shared(seq) else 0)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.num_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+        return self.num_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks and self.open_blocks.has_room(seq)
 
     def _write_block_is_shared(self, seq: Sequence) -> bool:
         """Is the block the next token writes into read by someone else (a fork, or the prefix cache)?"""
@@ -97,9 +100,11 @@ class BlockManager:
         total = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size)
         while len(seq.block_table) < total:
             seq.block_table.append(self._take_block(seq))
+        self.open_blocks.take(seq)
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references; blocks others still use (cache, forks) stay alive."""
+        self.open_blocks.release(seq)
         for block in reversed(seq.block_table):
             self.decref(block, seq)
         seq.block_table = []
@@ -119,6 +124,7 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         for block in child.block_table:
             self.incref(block, child)
+        self.open_blocks.fork(parent, child)
 
     def slot(self, seq: Sequence, position: int) -> int:
         return slot_mapping(seq.block_table, position, position + 1, self.block_size)[0]

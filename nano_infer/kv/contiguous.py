@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..core.sequence import Sequence
 from .block_pool import BlockPool
+from .open_blocks import NoOpenBlocks
 
 
 class ContiguousKVCache:
@@ -18,6 +19,7 @@ class ContiguousKVCache:
         self.block_size = max_model_len  # one "block" = one whole sequence's reservation
         self.pool = BlockPool(max_num_seqs)  # the free regions (a reference count of 0 or 1 each)
         self.pending_copies: list[tuple[int, int]] = []  # never any: no block is shared, nothing copies on write
+        self.open_blocks = NoOpenBlocks()  # its K/V is never 8-bit
 
     @property
     def ref_count(self) -> list[int]:

@@ -161,8 +161,8 @@ class HostTier:
         return len(dropped)
 
     # -- swapped sequences -----------------------------------------------------------------------------
-    def swap_out(self, seq, device_blocks: list[int], keys: list[BlockKey | None]) -> bool:
-        """Host blocks for a preempted sequence's K/V (its computed blocks `device_blocks`); False (nothing
+    def swap_out(self, seq, device_blocks: list[int], keys: list[BlockKey | None], num_tokens: int) -> bool:
+        """Host blocks for a preempted sequence's first `num_tokens` of K/V (in `device_blocks`); False (nothing
         taken) if they do not fit. A block the prefix cache also holds (its key given) is kept in the
         index too, shared with the sequence: when the device cache evicts its copy later, no second
         copy goes out, and a block already on the host is not copied at all."""
@@ -181,7 +181,7 @@ class HostTier:
                 self._index(block, keys[i])
                 self.pool.incref(block)  # the index's, beside the sequence's
         self.stats.swapped_out_blocks += len(misses)
-        self.swapped[seq.seq_id] = Swapped(host, seq.num_computed_tokens)
+        self.swapped[seq.seq_id] = Swapped(host, num_tokens)
         self._traffic(seq).blocks_out += len(misses)
         return True
 

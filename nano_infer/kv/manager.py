@@ -94,7 +94,8 @@ class KVManager:
         self.prefix_cache.lock(seq, blocks)
         hits = [] if seq.scores_prompt else self._match_in_tier(seq)
         num_cached = (len(blocks) + len(hits)) * self.block_size
-        seq.num_computed_tokens = min(num_cached, len(seq) - 1)
+        # an 8-bit pool's sequence starts at a block boundary: the open block's exact copy is computed, not cached
+        seq.num_computed_tokens = self.blocks.open_blocks.resume_at(min(num_cached, len(seq) - 1))
         self._load_from_tier(seq, hits)
         self.tier.admit(seq, max(0, seq.num_computed_tokens - len(blocks) * self.block_size))
         return num_cached
@@ -127,7 +128,8 @@ class KVManager:
         self.tier.record_admission(seq)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.blocks.num_blocks_needed(seq, num_new_tokens) <= self.num_available_blocks
+        return (self.blocks.num_blocks_needed(seq, num_new_tokens) <= self.num_available_blocks
+                and self.blocks.open_blocks.has_room(seq))
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Room for the next `num_new_tokens` K/V entries, evicting idle cached blocks if the free list is short."""
@@ -157,6 +159,10 @@ class KVManager:
         """The copy-on-write (src, dst) block copies the runner must do before the next forward pass."""
         copies, self.blocks.pending_copies = self.blocks.pending_copies, []
         return copies
+
+    def take_open_block_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) open-block row copies of forks (8-bit K/V), due with the block copies."""
+        return self.blocks.open_blocks.take_copies()
 
     # -- during and after a step ------------------------------------------------------------------------
     def cache_computed(self, seq: Sequence) -> None:
@@ -200,8 +206,10 @@ class KVManager:
         False (and nothing done) when the mode says recompute, the cost rule prefers it, or the tier is full."""
         swapped = False
         if self._should_swap(seq):
-            table = seq.block_table[: cdiv(seq.num_computed_tokens, self.block_size)]
-            swapped = self.tier.swap_out(seq, table, [self.block_keys.get(block) for block in table])
+            # an 8-bit pool's open block stays behind: swapped back in, the sequence computes it again
+            num_tokens = self.blocks.open_blocks.resume_at(seq.num_computed_tokens)
+            table = seq.block_table[: cdiv(num_tokens, self.block_size)]
+            swapped = bool(table) and self.tier.swap_out(seq, table, [self.block_keys.get(b) for b in table], num_tokens)
         if not swapped:
             self.tier.stats.recompute_preemptions += 1
             return False
@@ -274,6 +282,9 @@ class NoKVCache:
         return True
 
     def take_copies(self) -> list[tuple[int, int]]:
+        return []
+
+    def take_open_block_copies(self) -> list[tuple[int, int]]:
         return []
 
     def swap_out(self, seq: Sequence) -> bool:

@@ -36,13 +36,18 @@ class KVPool:
     dtype: torch.dtype  # the model's: what attention computes in, and what "auto" stores
     device: torch.device
     kv_cache_dtype: str = "auto"
+    open_rows: int = 0  # 8-bit K/V: rows of exact open blocks (kv/open_blocks.py), `open_ring` blocks each
+    open_ring: int = 1
 
     def __post_init__(self):
         shape = (self.num_layers, 2, self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim)
         quantized = is_quantized(self.kv_cache_dtype)
         self.tensor = self._zeros(shape, CONTAINER_DTYPE if quantized else self.dtype)
         self.scales = self._zeros(shape[:-1], SCALE_DTYPE) if quantized else None
-        self.store = KVStore(self.tensor, self.scales, self.kv_cache_dtype, self.dtype)
+        self.open = None  # [num_layers, 2, open slots, num_kv_heads, head_dim] in the model's dtype, rotated
+        if quantized and self.open_rows:
+            self.open = self._zeros((*shape[:2], self.open_rows * self.open_ring * self.block_size, *shape[3:]), self.dtype)
+        self.store = KVStore(self.tensor, self.scales, self.kv_cache_dtype, self.dtype, self.open)
 
     def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if torch.device(self.device).type == "cpu":
@@ -58,12 +63,23 @@ class KVPool:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
+    @property
+    def open_nbytes(self) -> int:
+        """The exact open blocks' bytes, beside the pool (on a CPU committed as rows are used)."""
+        return 0 if self.open is None else self.open.numel() * self.open.element_size()
+
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate whole blocks (all layers, K and V, scales too) before the step writes into them."""
         bs = self.block_size
         for t in self.tensors:
             for src, dst in copies:
                 t[:, :, dst * bs : (dst + 1) * bs] = t[:, :, src * bs : (src + 1) * bs]
+
+    def copy_open_rows(self, copies: list[tuple[int, int]]) -> None:
+        """A fork's open block: the parent's row of exact K/V, all layers, into the child's."""
+        n = self.open_ring * self.block_size
+        for src, dst in copies:
+            self.open[:, :, dst * n : (dst + 1) * n] = self.open[:, :, src * n : (src + 1) * n]
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

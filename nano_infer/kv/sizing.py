@@ -16,6 +16,8 @@ from .cost import CostModel
 from .host_tier import HostTier
 from .contiguous import ContiguousKVCache
 from .manager import KVManager
+from .open_blocks import OpenBlocks
+from .quant import is_quantized
 from .paged import KVPool, num_blocks_for_budget
 
 CPU_KV_BUDGET = 4 * 1024**3
@@ -51,15 +53,29 @@ def make_kv_cache(cfg, hf_config, model, dtype, device, bytes_per_token: int, ma
             num_blocks = num_blocks_for_budget(kv_budget(cfg, device, hf_config), bytes_per_token, cfg.block_size)
             # never more than every sequence at full length could use
             num_blocks = min(num_blocks, cfg.max_num_seqs * cdiv(max_model_len, cfg.block_size) + 1)
-        blocks = BlockManager(num_blocks, cfg.block_size, log=cfg.log_blocks)
+        open_blocks = None
+        if is_quantized(cfg.kv_cache_dtype):  # each running sequence's open block kept exact beside the pool
+            open_blocks = OpenBlocks(cfg.max_num_seqs, cfg.block_size, open_block_ring(cfg))
+        blocks = BlockManager(num_blocks, cfg.block_size, log=cfg.log_blocks, open_blocks=open_blocks)
     pool = KVPool(hf_config.num_hidden_layers, blocks.num_blocks, blocks.block_size, model.num_kv_heads,
-                  model.head_dim, dtype, device, cfg.kv_cache_dtype)
+                  model.head_dim, dtype, device, cfg.kv_cache_dtype, *open_block_shape(blocks.open_blocks))
     tier = cost = None
     if cfg.kv_offloading_size:
         tier = HostTier(num_host_blocks(cfg, bytes_per_token), blocks.block_size, bytes_per_token * blocks.block_size)
         cost = CostModel(bytes_per_token * blocks.block_size)
     kv = KVManager(blocks, make_prefix_cache(cfg.prefix_cache, blocks.block_size), tier, cost, cfg.preemption_mode)
     return kv, pool
+
+
+def open_block_ring(cfg) -> int:
+    """Exact blocks a sequence keeps: 2 with speculative decoding (a verify may cross into the next block and
+    roll back out of it), else 1."""
+    return 2 if cfg.speculative_config else 1
+
+
+def open_block_shape(open_blocks) -> tuple[int, int]:
+    """(rows, ring) of the pool's exact open blocks; (0, 1) for none."""
+    return (open_blocks.num_rows, open_blocks.ring) if open_blocks.ring else (0, 1)
 
 
 def num_host_blocks(cfg, bytes_per_token: int) -> int:

@@ -67,14 +67,28 @@ class QuantizedLayerKV:
     dtype: torch.dtype
     rotation: torch.Tensor
 
+    open: LayerKV | None = None  # exact open blocks (kv/open_blocks.py), rotated, in `dtype`
+
     def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # K and V stacked: one rotation, one quantize and one dequantize a layer instead of two of each
-        values, scales = quantize(torch.stack((k, v)) @ self.rotation, self.kv_cache_dtype)
+        return self.write_rotated(slot_mapping, torch.stack((k, v)) @ self.rotation)
+
+    def write_rotated(self, slot_mapping: torch.Tensor, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`write` of K and V already turned by `rotation`, stacked [2, T, KVH, D]."""
+        values, scales = quantize(kv, self.kv_cache_dtype)
         container = self.values.k_slots.dtype
         self.values.write(slot_mapping, values[0].view(container), values[1].view(container))
         self.scales.write(slot_mapping, scales[0], scales[1])
         back = dequantize(values, scales, self.dtype)
         return back[0], back[1]
+
+    def write_open(self, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        """Exact rotated K and V [2, n, KVH, D] into open-block slots."""
+        self.open.write(slots, kv[0], kv[1])
+
+    def read_open(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact rotated K and V [n, KVH, D] at open-block slots."""
+        return self.open.k_slots.index_select(0, slots), self.open.v_slots.index_select(0, slots)
 
     def read(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n, head_dim = block_ids.shape[0], self.values.k_slots.shape[-1]
@@ -92,6 +106,7 @@ class KVStore:
     scales: torch.Tensor | None = None
     kv_cache_dtype: str = "auto"
     dtype: torch.dtype | None = None  # what attention computes in; None: the tensor's own
+    open: torch.Tensor | None = None  # 8-bit K/V: the exact open blocks [layers, 2, slots, KVH, D] (kv/open_blocks.py)
 
     def __post_init__(self):
         self.kv_cache_dtype = canonical(self.kv_cache_dtype)
@@ -103,5 +118,6 @@ class KVStore:
         if self.scales is None:
             return plain
         turn = rotation(self.tensor.shape[-1], self.dtype, self.tensor.device)  # one matrix, shared by every layer
-        return [QuantizedLayerKV(values, LayerKV.of(ks, vs, block_size), self.kv_cache_dtype, self.dtype, turn)
-                for values, (ks, vs) in zip(plain, self.scales)]
+        opened = [None] * len(plain) if self.open is None else [LayerKV.of(k, v, block_size) for k, v in self.open]
+        return [QuantizedLayerKV(values, LayerKV.of(ks, vs, block_size), self.kv_cache_dtype, self.dtype, turn, o)
+                for values, (ks, vs), o in zip(plain, self.scales, opened)]

@@ -12,6 +12,10 @@ Three ways to read the keys:
 - `blockwise` (chapter 06): walk the block table a few blocks at a time and merge partial
   results with an online softmax, so a sequence's whole K/V never exists in one tensor.
 
+With an 8-bit pool that keeps each sequence's open block exact (kv/open_blocks.py), a query reads the keys of
+earlier blocks from the pool (rounded) and those of its own block exact: the exact keys are appended after
+the pool's and the mask picks, per query, which copy of each key it sees (`open_block_visible`).
+
 Grouped-query attention is handled by folding the query heads that share a KV head into
 the query-length axis: q [G*q_len] rows against k [ctx] columns, so K/V are never repeated.
 """
@@ -35,6 +39,7 @@ class SeqSlice:
     context_len: int  # keys visible to the last query = tokens cached + q_len
     block_table: torch.Tensor | None = None  # [ceil(context_len / block_size)] block ids (None for dense)
     mask: torch.Tensor | None = None  # additive causal mask [G*q_len, context_len]: built by the first layer, reused
+    open_slots: torch.Tensor | None = None  # open-block slots of the tokens before it in its first block (8-bit K/V)
 
 
 @dataclass
@@ -49,6 +54,9 @@ class DecodeBatch:
     context_lens: torch.Tensor  # [B]
     mask: torch.Tensor  # [B, 1, q_len, max_blocks * block_size] additive: 0 for a visible key, -inf past the query's position
     q_len: int = 1
+    # 8-bit K/V: [B, n * block_size] open-block slots of the n blocks the queries sit in; the mask then covers
+    # the pool's keys and these after them
+    open_slots: torch.Tensor | None = None
 
 
 @dataclass
@@ -59,6 +67,17 @@ class AttentionMetadata:
     prefills: list[SeqSlice] = field(default_factory=list)  # sequences with q_len > 1, one SDPA each
     decodes: list[DecodeBatch] = field(default_factory=list)  # 1-token queries, batched by context length
     block_size: int = 16
+    open_write: tuple[torch.Tensor, torch.Tensor] | None = None  # 8-bit K/V: (rows, open-block slots) to write
+
+
+def open_block_visible(q_pos: torch.Tensor, key_pos: torch.Tensor, open_pos: torch.Tensor, block_size: int):
+    """Which keys each query sees when its own block is exact (kv/open_blocks.py): bool [..., Q, keys + open].
+
+    q_pos [..., Q, 1], key_pos [..., 1, S] (the pool's keys), open_pos [..., 1, E] (the exact copies). A pool key
+    is visible before the query's block starts; an exact one in the query's block, up to the query."""
+    q_block = q_pos // block_size
+    return torch.cat(((key_pos < q_block * block_size).expand(*q_pos.shape[:-1], -1),
+                      (open_pos <= q_pos) & (open_pos // block_size == q_block)), dim=-1)
 
 
 def fold_gqa(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -114,11 +133,13 @@ def online_softmax_attention(q, k_chunks, scale: float):
         s = s.masked_fill(~mask, float("-inf"))
         chunk_max = s.amax(dim=-1, keepdim=True)
         m_new = chunk_max if m is None else torch.maximum(m, chunk_max)
-        p = torch.exp(s - m_new)
+        # a row that has seen no key yet (an exact open block's query, before its own block) subtracts 0
+        m_safe = m_new.masked_fill(m_new == float("-inf"), 0)
+        p = torch.exp(s - m_safe)
         if m is None:
             l, acc = p.sum(-1, keepdim=True), torch.matmul(p, v)
         else:
-            alpha = torch.exp(m - m_new)
+            alpha = torch.exp(m - m_safe)
             l = l * alpha + p.sum(-1, keepdim=True)
             acc = acc * alpha + torch.matmul(p, v)
         m = m_new
@@ -160,18 +181,35 @@ class AttentionBackend:
         kv = None
         if self.store is not None:
             kv = self.layer_kv(layer, meta.block_size)
-            k, v = kv.write(meta.slot_mapping, k, v)  # as the cache gives them back (8-bit K/V: dequantized)
             if kv.rotation is not None:  # 8-bit K/V are kept rotated (kv/quant.py): q into that basis, the output back
-                return self._attend(meta, q @ kv.rotation, k, v, kv) @ kv.rotation.T
+                turned = torch.stack((k, v)) @ kv.rotation
+                k, v = kv.write_rotated(meta.slot_mapping, turned)  # as the cache gives them back: dequantized
+                exact = None if meta.open_write is None else self._open_blocks(meta, kv, turned)
+                return self._attend(meta, q @ kv.rotation, k, v, kv, exact) @ kv.rotation.T
+            k, v = kv.write(meta.slot_mapping, k, v)
         return self._attend(meta, q, k, v, kv)
 
-    def _attend(self, meta: AttentionMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv) -> torch.Tensor:
+    @staticmethod
+    def _open_blocks(meta: AttentionMetadata, kv, turned: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each prefill chunk's exact K/V from the start of its first block: the open block's earlier tokens
+        (read before this step writes its own) and the chunk's. Then the step's tokens a later step reads go in."""
+        exact = []
+        for s in meta.prefills:
+            rows = slice(s.q_start, s.q_start + s.q_len)
+            before = kv.read_open(s.open_slots)
+            exact.append((torch.cat((before[0], turned[0, rows])), torch.cat((before[1], turned[1, rows]))))
+        rows, slots = meta.open_write
+        kv.write_open(slots, turned[:, rows])
+        return exact
+
+    def _attend(self, meta: AttentionMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv,
+                exact: list | None = None) -> torch.Tensor:
         if not meta.prefills and len(meta.decodes) == 1:  # a decode-only step: no output buffer to fill
             return self._decode_rows(meta.decodes[0], q, k.shape[1], kv)
         out = torch.empty_like(q)
-        for s in meta.prefills:
+        for i, s in enumerate(meta.prefills):
             rows = slice(s.q_start, s.q_start + s.q_len)
-            out[rows] = self.prefill(s, q[rows], k[rows], v[rows], kv)
+            out[rows] = self.prefill(s, q[rows], k[rows], v[rows], kv, None if exact is None else exact[i])
         for d in meta.decodes:
             out[d.start : d.end] = self._decode_rows(d, q[d.start : d.end], k.shape[1], kv)
         return out
@@ -185,9 +223,10 @@ class AttentionBackend:
         o = self.decode(d, fold_gqa(q.view(B, d.q_len, H, D), kv_heads), kv, H // kv_heads)
         return unfold_gqa(o, d.q_len).reshape(q.shape)
 
-    def prefill(self, s: SeqSlice, q, k, v, kv) -> torch.Tensor:
+    def prefill(self, s: SeqSlice, q, k, v, kv, exact=None) -> torch.Tensor:
         """q, k, v [L, heads, D] of one prompt chunk; returns its attention output [L, heads, D]. `kv`: the
-        layer's store (`kv.read(block_table)`), None without a cache."""
+        layer's store (`kv.read(block_table)`), None without a cache. `exact`: with an 8-bit pool's open
+        blocks, the exact (K, V) [E, KVH, D] of positions [context_len - E, context_len), from its first block's start."""
         raise NotImplementedError
 
     def decode(self, d: DecodeBatch, q, kv, groups: int) -> torch.Tensor:
@@ -198,52 +237,72 @@ class AttentionBackend:
 class DenseAttention(AttentionBackend):
     """No KV cache: every step recomputes the whole sequence, so a prompt attends to its own K/V."""
 
-    def prefill(self, s, q, k, v, kv):
+    def prefill(self, s, q, k, v, kv, exact=None):
         return causal_prompt_attention(q, k, v)
 
 
 class GatherAttention(AttentionBackend):
     """Gather each sequence's keys and values through its block table into one tensor, then SDPA."""
 
-    def prefill(self, s, q, k, v, kv):
-        if s.context_len == s.q_len:  # nothing cached before: its own K/V
+    def prefill(self, s, q, k, v, kv, exact=None):
+        if s.context_len == s.q_len and exact is None:  # nothing cached before: its own K/V
             return causal_prompt_attention(q, k, v)
         groups = q.shape[1] // k.shape[1]
         if s.mask is None or s.mask.shape[0] != groups * s.q_len:  # built by the first layer, reused
-            visible = causal_mask(s.q_len, s.context_len, groups, q.device)
+            if exact is None:
+                visible = causal_mask(s.q_len, s.context_len, groups, q.device)
+            else:
+                pos = torch.arange(s.context_len, device=q.device)
+                visible = open_block_visible(pos[-s.q_len :, None], pos[None], pos[None, -len(exact[0]) :],
+                                             self.meta.block_size).repeat(groups, 1)
             s.mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill_(~visible, float("-inf"))
-        # a chunk after cached tokens: keys from the pool, an explicit mask
-        ks, vs = (b.view(-1, *k.shape[1:])[: s.context_len].transpose(0, 1)[None] for b in kv.read(s.block_table))
-        o = sdpa(fold_gqa(q, k.shape[1])[None], ks, vs, s.mask)[0]
+        # a chunk after cached tokens: keys from the pool (and the exact open block after them), an explicit mask
+        ks, vs = (b.view(-1, *k.shape[1:])[: s.context_len] for b in kv.read(s.block_table))
+        if exact is not None:
+            ks, vs = torch.cat((ks, exact[0])), torch.cat((vs, exact[1]))
+        o = sdpa(fold_gqa(q, k.shape[1])[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None], s.mask)[0]
         return unfold_gqa(o, s.q_len)
 
     def decode(self, d, q, kv, groups):
         B, kv_heads, D = q.shape[0], q.shape[1], q.shape[-1]
-        kd, vd = (b.view(B, -1, kv_heads, D).transpose(1, 2) for b in kv.read(d.block_tables.view(-1)))  # [B, KVH, S, D]
+        kd, vd = (b.view(B, -1, kv_heads, D) for b in kv.read(d.block_tables.view(-1)))  # [B, S, KVH, D]
+        if d.open_slots is not None:  # the exact open blocks after the pool's keys
+            ke, ve = (e.view(B, -1, kv_heads, D) for e in kv.read_open(d.open_slots.view(-1)))
+            kd, vd = torch.cat((kd, ke), 1), torch.cat((vd, ve), 1)
         mask = d.mask if d.q_len == 1 else d.mask.repeat(1, 1, groups, 1)  # rows are (group, query)
-        return sdpa(q, kd, vd, mask)
+        return sdpa(q, kd.transpose(1, 2), vd.transpose(1, 2), mask)
 
 
 class BlockwiseAttention(AttentionBackend):
     """Walk the block table `blocks_per_chunk` blocks at a time with an online softmax: no tensor
     ever holds a whole sequence's keys (FlashAttention's loop, in torch ops)."""
 
-    def prefill(self, s, q, k, v, kv):
+    def prefill(self, s, q, k, v, kv, exact=None):
         context_lens = torch.tensor([s.context_len], device=q.device)
         qs = fold_gqa(q, k.shape[1])[None]  # [1, KVH, G*L, D]
-        o = self._blockwise(qs, kv, s.block_table[None], context_lens, s.q_len, q.shape[1] // k.shape[1])[0]
+        if exact is not None:
+            exact = tuple(e.transpose(0, 1)[None] for e in exact)  # [1, KVH, E, D]
+        o = self._blockwise(qs, kv, s.block_table[None], context_lens, s.q_len, q.shape[1] // k.shape[1], exact)[0]
         return unfold_gqa(o, s.q_len)
 
     def decode(self, d, q, kv, groups):
-        return self._blockwise(q, kv, d.block_tables, d.context_lens, d.q_len, groups)
+        exact = None
+        if d.open_slots is not None:
+            B, kv_heads, D = q.shape[0], q.shape[1], q.shape[-1]
+            exact = tuple(e.view(B, -1, kv_heads, D).transpose(1, 2) for e in kv.read_open(d.open_slots.view(-1)))
+        return self._blockwise(q, kv, d.block_tables, d.context_lens, d.q_len, groups, exact)
 
-    def _blockwise(self, q, kv, block_tables, context_lens, q_len, groups):
-        """q [B, KVH, G*q_len, D]; block_tables [B, n]; walks the tables `blocks_per_chunk` blocks at a time."""
+    def _blockwise(self, q, kv, block_tables, context_lens, q_len, groups, exact=None):
+        """q [B, KVH, G*q_len, D]; block_tables [B, n]; walks the tables `blocks_per_chunk` blocks at a time.
+        `exact`: an 8-bit pool's exact open blocks (K, V) [B, KVH, E, D], from the first query's block on, the
+        last chunk."""
         B = block_tables.shape[0]
         bs = self.meta.block_size
         scale = 1.0 / math.sqrt(q.shape[-1])
         # absolute position of each query row (same for every group), per sequence: [B, G*q_len, 1]
         q_pos = (context_lens.view(B, 1) - q_len + torch.arange(q_len, device=q.device).view(1, q_len)).repeat(1, groups).unsqueeze(-1)
+        # keys the pool gives: up to the query, or with exact open blocks up to the start of the query's block
+        seen = q_pos if exact is None else q_pos // bs * bs - 1
 
         def chunks():
             for first in range(0, block_tables.shape[1], self.blocks_per_chunk):
@@ -252,7 +311,12 @@ class BlockwiseAttention(AttentionBackend):
                           for b in kv.read(table.reshape(-1)))  # [B, KVH, n, D]
                 n = kc.shape[2]
                 key_pos = torch.arange(first * bs, first * bs + n, device=q.device).view(1, 1, n)
-                yield kc, vc, (key_pos <= q_pos).unsqueeze(1)  # mask [B, 1, G*q_len, n]
+                yield kc, vc, (key_pos <= seen).unsqueeze(1)  # mask [B, 1, G*q_len, n]
+            if exact is not None:
+                n = exact[0].shape[2]  # from the start of the first query's block
+                open_pos = ((context_lens - q_len) // bs * bs).view(B, 1, 1) + torch.arange(n, device=q.device).view(1, 1, n)
+                visible = (open_pos <= q_pos) & (open_pos // bs == q_pos // bs)
+                yield exact[0], exact[1], visible.unsqueeze(1)
 
         return online_softmax_attention(q, chunks(), scale)
 

@@ -54,8 +54,10 @@ class DraftProposer:
     def attach(self, runner: ModelRunner, num_blocks: int, block_size: int, attention: str) -> None:
         """The draft's pool (as many blocks as the target's, so any block id is valid in both),
         kept filled by the runner on every step."""
-        self.kv_pool = KVPool(self.config.num_hidden_layers, num_blocks, block_size,
-                              self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device, self.kv_cache_dtype)
+        target = runner.kv_pool  # the same exact open-block rows as the target's, if its pool is 8-bit
+        self.kv_pool = KVPool(self.config.num_hidden_layers, num_blocks, block_size, self.model.num_kv_heads,
+                              self.model.head_dim, self.dtype, self.device, self.kv_cache_dtype, target.open_rows,
+                              target.open_ring)
         self.backend = runner.mirror(self.model, self.kv_pool, attention)
 
     @torch.inference_mode()
