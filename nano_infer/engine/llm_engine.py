@@ -115,6 +115,10 @@ class LLMEngine:
         stored = "" if self.config.kv_cache_dtype == "auto" else f" in {self.config.kv_cache_dtype}"
         line = (f"{line}, {self.config.kv_cache} KV cache{stored} of {self.kv_pool.nbytes / 2**20:,.1f} MiB "
                 f"= {tokens:,} tokens ({self.kv_bytes_per_token:,} bytes per token)")
+        if self.kv_pool.open_nbytes:
+            line += (f", each running sequence's open block exact beside it ({self.kv_pool.open_rows} x "
+                     f"{self.kv_pool.open_ring} block{'s' if self.kv_pool.open_ring > 1 else ''}, up to "
+                     f"{self.kv_pool.open_nbytes / 2**20:,.1f} MiB)")
         if self.offloader is None:
             return line
         host = self.runner.host_pools[0]
