@@ -12,8 +12,8 @@ The measurements, each against kv_cache_dtype="auto" on the same weights:
 - keys by hand: the model's real K (every layer, after rotary) quantized with one scale per token and
   head, the same after the Hadamard rotation (what the engine does) and with one scale per channel per
   block of 16 tokens (KIVI's choice for keys), the relative error of each; then the same K with one channel
-  made an outlier (`k_scale_study`); and, in one dense pass, what keeping each query's own (unfinished)
-  block exact would add to the rotation (`open_block_study`, a simulation: the engine has no such buffer).
+  made an outlier (`k_scale_study`); and, in one dense pass written apart from the engine, K/V rounded
+  everywhere against each query's own block exact, the engine's rule (`open_block_study`).
 - capacity: the tokens a pool of the same bytes holds per dtype (`pool_tokens`), and a batch of
   requests at a budget where bfloat16 preempts: preemptions and time per dtype, interleaved rounds, the
   ratio of medians with its verdict (`compare_preemption`).
@@ -169,7 +169,7 @@ def k_scale_study(keys: list[torch.Tensor], dtypes=("int8", "fp8_e4m3"), block_s
 # -- what an exact open block would buy: a simulation, not the engine ----------------------------------------
 class _OpenBlock(DenseAttention):
     """One dense pass: each query sees earlier blocks' K/V rounded as the pool keeps them (rotated, per token) and, if
-    `own_exact`, its own block's exact, as a pool that also kept each sequence's unfinished block would."""
+    `own_exact`, its own block's exact: the rule of kv/open_blocks.py, computed without the pool (the tests' oracle)."""
 
     def __init__(self, kv_cache_dtype: str | None, own_exact: bool = False, block_size: int = 16):
         super().__init__(None)

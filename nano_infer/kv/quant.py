@@ -13,6 +13,8 @@ new token's channel exceeds it, or the block's unfinished tail kept in full prec
 a second read path, and a token's keys would then change under the tokens after it when its block closes. A
 per-token scale is final the moment the token is written, so writing stays one scatter and reading one gather plus
 a multiply, for every attention path, and every feature that moves blocks moves bytes that mean the same anywhere.
+(The engine does keep each running sequence's open block exact beside the pool, kv/open_blocks.py, but for
+accuracy: the rounding of the keys nearest a query costs the most. The pool's bytes stay final when written.)
 
 Why the rotation: an outlier channel sets every token's scale, so the other channels of the token are rounded to a
 step sized for the outlier. A Hadamard matrix (entries +-1/sqrt(head_dim)) spreads each channel over all of them,

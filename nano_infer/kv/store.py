@@ -7,7 +7,9 @@ the model's dtype, one row per block ([n, block_size * kv_heads * head_dim]), in
 back). `write` returns the step's K/V as the cache will give them back, and attention uses those for the
 step's own keys too: a token then sees the same keys whether they come from this step or from the cache, so
 chunked prefill, a prefix-cache hit, recomputing after preemption and speculative verification give the
-tokens they give without them, with 8-bit K/V as with full precision. Two ways to store them:
+tokens they give without them, with 8-bit K/V as with full precision. An 8-bit store may also hold each
+running sequence's open block exact (`open`, kv/open_blocks.py): a query then reads its own block from there,
+a rule of positions too. Two ways to store them:
 
 - `LayerKV` (kv_cache_dtype="auto"): the pool in the model's dtype. A write is one `index_copy_` into
   the layer's slots; a read is one `index_select` over the layer seen as blocks, which copies a few large
