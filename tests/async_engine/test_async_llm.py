@@ -5,24 +5,12 @@ import threading
 
 import pytest
 
-from nano_infer import LLM, SamplingParams
+from nano_infer import SamplingParams
 from nano_infer.async_engine.async_llm import AsyncLLM
 from tests.helpers.engine_checks import assert_idle_and_blocks_free, record_aborts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 MESSAGES = [{"role": "user", "content": "To be, or not to be?"}]
-
-
-@pytest.fixture(scope="module")
-def ref(qwen2_dir):
-    return LLM(str(qwen2_dir), dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def allm(qwen2_dir):
-    llm = AsyncLLM(str(qwen2_dir), dtype="float32", block_size=4)
-    yield llm
-    llm.shutdown()
 
 
 async def collect(llm, prompt, params=GREEDY, stream=True, **kwargs):

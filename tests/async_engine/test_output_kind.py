@@ -5,25 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from nano_infer import LLM, BeamSearchParams, SamplingParams
+from nano_infer import BeamSearchParams, SamplingParams
 from nano_infer.sampling_params import RequestOutputKind
-from nano_infer.async_engine.async_llm import AsyncLLM
 
 N = 20
 GREEDY = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, logprobs=2)
 PROMPT = "To be, or not"
-
-
-@pytest.fixture(scope="module")
-def ref(qwen2_dir):
-    return LLM(str(qwen2_dir), dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def allm(qwen2_dir):
-    llm = AsyncLLM(str(qwen2_dir), dtype="float32", block_size=4)
-    yield llm
-    llm.shutdown()
 
 
 def run(llm, params, **kwargs):

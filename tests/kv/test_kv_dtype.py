@@ -5,7 +5,6 @@ attention through a quantized pool against attention over the same K/V rounded b
 SmolLM2 and on a random model with an outlier channel planted in K, and that every feature that holds blocks
 (prefix caches, the host tier, beams, speculation, tensor parallelism) gives the tokens int8 KV gives without it.
 """
-import math
 
 import pytest
 import torch
