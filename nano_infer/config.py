@@ -146,11 +146,6 @@ class EngineConfig:
             if self.kv_cache == "none":
                 raise ValueError("speculative_config verifies proposals against cached K/V: it needs kv_cache='paged' "
                                  "or 'contiguous'")
-            k = self.speculative_config.num_speculative_tokens
-            if self.kv_cache_dtype != "auto" and k > self.block_size:
-                raise ValueError(f"speculative_config num_speculative_tokens={k} with kv_cache_dtype="
-                                 f"{self.kv_cache_dtype!r}: a verify may cross one block boundary (the open blocks "
-                                 f"kept exact), so at most block_size={self.block_size} proposals")
 
     def _check_vllm_options(self) -> None:
         """vLLM's switches mapped onto this engine's knobs; those that change nothing here say so in the log."""

@@ -25,11 +25,11 @@ from itertools import accumulate
 
 import torch
 
-from ..models.attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend, open_block_visible
+from ..models.attention import AttentionMetadata, DecodeBatch, SeqSlice, make_backend
 from ..kv.block_manager import slot_mapping
 from ..core.batch import BlockSwap, ScheduledSeq, StepInput, StepOpenBlocks
 from ..kv.offload import HostKVPool
-from ..kv.open_blocks import NoOpenBlocks
+from ..kv.open_blocks import NoOpenBlocks, open_block_visible
 from .cuda_graph import DecodeGraphs
 
 # Decodes per attention call on CPU. Each call pads to its own longest context, so sorting by length

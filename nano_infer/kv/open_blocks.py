@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class OpenBlocks:
@@ -91,3 +93,13 @@ class NoOpenBlocks:
 
     def resume_at(self, num_tokens: int) -> int:
         return num_tokens
+
+
+def open_block_visible(q_pos: torch.Tensor, key_pos: torch.Tensor, open_pos: torch.Tensor, block_size: int):
+    """Which keys each query sees when its own block is exact: bool [..., Q, keys + open].
+
+    q_pos [..., Q, 1], key_pos [..., 1, S] (the pool's keys), open_pos [..., 1, E] (the exact copies). A pool key
+    is visible before the query's block starts; an exact one in the query's block, up to the query."""
+    q_block = q_pos // block_size
+    return torch.cat(((key_pos < q_block * block_size).expand(*q_pos.shape[:-1], -1),
+                      (open_pos <= q_pos) & (open_pos // block_size == q_block)), dim=-1)

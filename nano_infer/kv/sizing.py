@@ -70,7 +70,12 @@ def make_kv_cache(cfg, hf_config, model, dtype, device, bytes_per_token: int, ma
 def open_block_ring(cfg) -> int:
     """Exact blocks a sequence keeps: 2 with speculative decoding (a verify may cross into the next block and
     roll back out of it), else 1."""
-    return 2 if cfg.speculative_config else 1
+    if cfg.speculative_config is None:
+        return 1
+    if cfg.speculative_config.num_speculative_tokens > cfg.block_size:
+        raise ValueError(f"kv_cache_dtype={cfg.kv_cache_dtype!r} keeps each sequence's open block exact, and a verify "
+                         f"may cross one block only: num_speculative_tokens must be at most block_size={cfg.block_size}")
+    return 2
 
 
 def open_block_shape(open_blocks) -> tuple[int, int]:

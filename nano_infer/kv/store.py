@@ -89,8 +89,22 @@ class QuantizedLayerKV:
         self.open.write(slots, kv[0], kv[1])
 
     def read_open(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The exact rotated K and V [n, KVH, D] at open-block slots."""
-        return self.open.k_slots.index_select(0, slots), self.open.v_slots.index_select(0, slots)
+        """The exact rotated K and V [*slots.shape, KVH, D] at open-block slots."""
+        return tuple(t.index_select(0, slots.view(-1)).view(*slots.shape, *t.shape[1:])
+                     for t in (self.open.k_slots, self.open.v_slots))
+
+    def exact_chunks(self, chunks: list[tuple[slice, torch.Tensor]], write: tuple[torch.Tensor, torch.Tensor],
+                     kv: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The step's rotated K/V `kv` [2, T, KVH, D]: for each prefill chunk (its rows, the open-block slots of the
+        tokens before it in its first block) the exact K and V from its first block's start, read before the step
+        writes; then the `write` rows go to their open-block slots, for later steps."""
+        exact = []
+        for rows, before in chunks:
+            k, v = self.read_open(before)
+            exact.append((torch.cat((k, kv[0, rows])), torch.cat((v, kv[1, rows]))))
+        rows, slots = write
+        self.write_open(slots, kv[:, rows])
+        return exact
 
     def read(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n, head_dim = block_ids.shape[0], self.values.k_slots.shape[-1]

@@ -12,9 +12,8 @@ Three ways to read the keys:
 - `blockwise` (chapter 06): walk the block table a few blocks at a time and merge partial
   results with an online softmax, so a sequence's whole K/V never exists in one tensor.
 
-With an 8-bit pool that keeps each sequence's open block exact (kv/open_blocks.py), a query reads the keys of
-earlier blocks from the pool (rounded) and those of its own block exact: the exact keys are appended after
-the pool's and the mask picks, per query, which copy of each key it sees (`open_block_visible`).
+With an 8-bit pool's exact open blocks (kv/open_blocks.py) a query reads earlier blocks rounded from the pool and
+its own block exact: the exact keys follow the pool's, and the mask picks which copy each query sees.
 
 Grouped-query attention is handled by folding the query heads that share a KV head into
 the query-length axis: q [G*q_len] rows against k [ctx] columns, so K/V are never repeated.
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..kv.open_blocks import open_block_visible
 from ..kv.store import KVStore
 
 
@@ -68,16 +68,6 @@ class AttentionMetadata:
     decodes: list[DecodeBatch] = field(default_factory=list)  # 1-token queries, batched by context length
     block_size: int = 16
     open_write: tuple[torch.Tensor, torch.Tensor] | None = None  # 8-bit K/V: (rows, open-block slots) to write
-
-
-def open_block_visible(q_pos: torch.Tensor, key_pos: torch.Tensor, open_pos: torch.Tensor, block_size: int):
-    """Which keys each query sees when its own block is exact (kv/open_blocks.py): bool [..., Q, keys + open].
-
-    q_pos [..., Q, 1], key_pos [..., 1, S] (the pool's keys), open_pos [..., 1, E] (the exact copies). A pool key
-    is visible before the query's block starts; an exact one in the query's block, up to the query."""
-    q_block = q_pos // block_size
-    return torch.cat(((key_pos < q_block * block_size).expand(*q_pos.shape[:-1], -1),
-                      (open_pos <= q_pos) & (open_pos // block_size == q_block)), dim=-1)
 
 
 def fold_gqa(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -184,23 +174,11 @@ class AttentionBackend:
             if kv.rotation is not None:  # 8-bit K/V are kept rotated (kv/quant.py): q into that basis, the output back
                 turned = torch.stack((k, v)) @ kv.rotation
                 k, v = kv.write_rotated(meta.slot_mapping, turned)  # as the cache gives them back: dequantized
-                exact = None if meta.open_write is None else self._open_blocks(meta, kv, turned)
+                exact = None if meta.open_write is None else kv.exact_chunks(
+                    [(slice(s.q_start, s.q_start + s.q_len), s.open_slots) for s in meta.prefills], meta.open_write, turned)
                 return self._attend(meta, q @ kv.rotation, k, v, kv, exact) @ kv.rotation.T
             k, v = kv.write(meta.slot_mapping, k, v)
         return self._attend(meta, q, k, v, kv)
-
-    @staticmethod
-    def _open_blocks(meta: AttentionMetadata, kv, turned: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each prefill chunk's exact K/V from the start of its first block: the open block's earlier tokens
-        (read before this step writes its own) and the chunk's. Then the step's tokens a later step reads go in."""
-        exact = []
-        for s in meta.prefills:
-            rows = slice(s.q_start, s.q_start + s.q_len)
-            before = kv.read_open(s.open_slots)
-            exact.append((torch.cat((before[0], turned[0, rows])), torch.cat((before[1], turned[1, rows]))))
-        rows, slots = meta.open_write
-        kv.write_open(slots, turned[:, rows])
-        return exact
 
     def _attend(self, meta: AttentionMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv,
                 exact: list | None = None) -> torch.Tensor:
@@ -249,17 +227,13 @@ class GatherAttention(AttentionBackend):
             return causal_prompt_attention(q, k, v)
         groups = q.shape[1] // k.shape[1]
         if s.mask is None or s.mask.shape[0] != groups * s.q_len:  # built by the first layer, reused
-            if exact is None:
-                visible = causal_mask(s.q_len, s.context_len, groups, q.device)
-            else:
-                pos = torch.arange(s.context_len, device=q.device)
-                visible = open_block_visible(pos[-s.q_len :, None], pos[None], pos[None, -len(exact[0]) :],
-                                             self.meta.block_size).repeat(groups, 1)
+            pos = torch.arange(s.context_len, device=q.device)  # with exact open blocks: those after the pool's
+            visible = causal_mask(s.q_len, s.context_len, groups, q.device) if exact is None else open_block_visible(
+                pos[-s.q_len :, None], pos[None], pos[None, -len(exact[0]) :], self.meta.block_size).repeat(groups, 1)
             s.mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill_(~visible, float("-inf"))
         # a chunk after cached tokens: keys from the pool (and the exact open block after them), an explicit mask
         ks, vs = (b.view(-1, *k.shape[1:])[: s.context_len] for b in kv.read(s.block_table))
-        if exact is not None:
-            ks, vs = torch.cat((ks, exact[0])), torch.cat((vs, exact[1]))
+        ks, vs = (ks, vs) if exact is None else (torch.cat((ks, exact[0])), torch.cat((vs, exact[1])))
         o = sdpa(fold_gqa(q, k.shape[1])[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None], s.mask)[0]
         return unfold_gqa(o, s.q_len)
 
@@ -267,8 +241,7 @@ class GatherAttention(AttentionBackend):
         B, kv_heads, D = q.shape[0], q.shape[1], q.shape[-1]
         kd, vd = (b.view(B, -1, kv_heads, D) for b in kv.read(d.block_tables.view(-1)))  # [B, S, KVH, D]
         if d.open_slots is not None:  # the exact open blocks after the pool's keys
-            ke, ve = (e.view(B, -1, kv_heads, D) for e in kv.read_open(d.open_slots.view(-1)))
-            kd, vd = torch.cat((kd, ke), 1), torch.cat((vd, ve), 1)
+            kd, vd = (torch.cat(pair, 1) for pair in zip((kd, vd), kv.read_open(d.open_slots)))
         mask = d.mask if d.q_len == 1 else d.mask.repeat(1, 1, groups, 1)  # rows are (group, query)
         return sdpa(q, kd.transpose(1, 2), vd.transpose(1, 2), mask)
 
@@ -286,16 +259,12 @@ class BlockwiseAttention(AttentionBackend):
         return unfold_gqa(o, s.q_len)
 
     def decode(self, d, q, kv, groups):
-        exact = None
-        if d.open_slots is not None:
-            B, kv_heads, D = q.shape[0], q.shape[1], q.shape[-1]
-            exact = tuple(e.view(B, -1, kv_heads, D).transpose(1, 2) for e in kv.read_open(d.open_slots.view(-1)))
+        exact = None if d.open_slots is None else tuple(e.transpose(1, 2) for e in kv.read_open(d.open_slots))
         return self._blockwise(q, kv, d.block_tables, d.context_lens, d.q_len, groups, exact)
 
     def _blockwise(self, q, kv, block_tables, context_lens, q_len, groups, exact=None):
-        """q [B, KVH, G*q_len, D]; block_tables [B, n]; walks the tables `blocks_per_chunk` blocks at a time.
-        `exact`: an 8-bit pool's exact open blocks (K, V) [B, KVH, E, D], from the first query's block on, the
-        last chunk."""
+        """q [B, KVH, G*q_len, D]; block_tables [B, n]; walks the tables `blocks_per_chunk` blocks at a time, then
+        `exact`, an 8-bit pool's exact open blocks (K, V) [B, KVH, E, D] from the first query's block on."""
         B = block_tables.shape[0]
         bs = self.meta.block_size
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -312,11 +281,9 @@ class BlockwiseAttention(AttentionBackend):
                 n = kc.shape[2]
                 key_pos = torch.arange(first * bs, first * bs + n, device=q.device).view(1, 1, n)
                 yield kc, vc, (key_pos <= seen).unsqueeze(1)  # mask [B, 1, G*q_len, n]
-            if exact is not None:
-                n = exact[0].shape[2]  # from the start of the first query's block
-                open_pos = ((context_lens - q_len) // bs * bs).view(B, 1, 1) + torch.arange(n, device=q.device).view(1, 1, n)
-                visible = (open_pos <= q_pos) & (open_pos // bs == q_pos // bs)
-                yield exact[0], exact[1], visible.unsqueeze(1)
+            if exact is not None:  # from the start of the first query's block
+                open_pos = ((context_lens - q_len) // bs * bs).view(B, 1, 1) + torch.arange(exact[0].shape[2], device=q.device)
+                yield *exact, ((open_pos <= q_pos) & (open_pos // bs == q_pos // bs)).unsqueeze(1)
 
         return online_softmax_attention(q, chunks(), scale)
 

@@ -293,6 +293,11 @@ def test_recompute_preemption_and_ngram_speculation_keep_the_tokens(qwen2_dir, p
     assert llm.engine.plugins and any(getattr(p, "stats", None) and p.stats.num_draft_tokens for p in llm.engine.plugins)
 
 
+def test_more_proposals_than_a_block_holds_are_refused_with_8bit_kv(qwen2_dir):
+    with pytest.raises(ValueError, match="num_speculative_tokens must be at most block_size=2"):
+        int8(qwen2_dir, block_size=2, speculative_config=NGRAM)  # a verify of 4 tokens could span three blocks
+
+
 def test_beams_fork_their_open_blocks(qwen2_dir, tokenizer):
     """Blocks of 4: beams share partial blocks, copy them on write, and each fork copies its parent's exact open
     block. Each returned beam's cum_logprob is what a plain int8 engine gives its tokens, teacher-forced."""
