@@ -270,8 +270,10 @@ class BlockwiseAttention(AttentionBackend):
         scale = 1.0 / math.sqrt(q.shape[-1])
         # absolute position of each query row (same for every group), per sequence: [B, G*q_len, 1]
         q_pos = (context_lens.view(B, 1) - q_len + torch.arange(q_len, device=q.device).view(1, q_len)).repeat(1, groups).unsqueeze(-1)
-        # keys the pool gives: up to the query, or with exact open blocks up to the start of the query's block
-        seen = q_pos if exact is None else q_pos // bs * bs - 1
+        S = block_tables.shape[1] * bs
+        visible = None if exact is None else open_block_visible(  # the pool's keys, then the exact open blocks'
+            q_pos, torch.arange(S, device=q.device).view(1, 1, S),  # (from the first query's block on)
+            ((context_lens - q_len) // bs * bs).view(B, 1, 1) + torch.arange(exact[0].shape[2], device=q.device), bs)
 
         def chunks():
             for first in range(0, block_tables.shape[1], self.blocks_per_chunk):
@@ -280,10 +282,10 @@ class BlockwiseAttention(AttentionBackend):
                           for b in kv.read(table.reshape(-1)))  # [B, KVH, n, D]
                 n = kc.shape[2]
                 key_pos = torch.arange(first * bs, first * bs + n, device=q.device).view(1, 1, n)
-                yield kc, vc, (key_pos <= seen).unsqueeze(1)  # mask [B, 1, G*q_len, n]
-            if exact is not None:  # from the start of the first query's block
-                open_pos = ((context_lens - q_len) // bs * bs).view(B, 1, 1) + torch.arange(exact[0].shape[2], device=q.device)
-                yield *exact, ((open_pos <= q_pos) & (open_pos // bs == q_pos // bs)).unsqueeze(1)
+                mask = key_pos <= q_pos if visible is None else visible[..., first * bs : first * bs + n]
+                yield kc, vc, mask.unsqueeze(1)  # [B, 1, G*q_len, n]
+            if exact is not None:
+                yield *exact, visible[..., S:].unsqueeze(1)
 
         return online_softmax_attention(q, chunks(), scale)
 
