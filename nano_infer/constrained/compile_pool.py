@@ -139,8 +139,9 @@ class CompilePool:
             job = self._join(owned, timeout, tenant, turn)
             if job is not None:
                 return job
-            try:
-                await asyncio.wait_for(turn[1].wait(), left)
+            try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (a client hanging up)
+                async with asyncio.timeout(left):  # that lands as the event is set, and the request then compiles
+                    await turn[1].wait()
             except TimeoutError:
                 pass  # once more, without waiting: the compile, or the 429
 
