@@ -72,9 +72,6 @@ class OpenBlocks:
         base, bs = self.rows[seq.seq_id] * self.ring, self.block_size
         return [(base + p // bs % self.ring) * bs + p % bs for p in range(start, end)]
 
-    def row_slots(self, row: int) -> range:
-        return range(row * self.ring * self.block_size, (row + 1) * self.ring * self.block_size)
-
 
 class NoOpenBlocks:
     """The stand-in when K/V is stored in the model's dtype: every block is exact already."""
