@@ -5,6 +5,7 @@ import socket
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("NANO_INFER_COMPILE", "0")  # engines decode eagerly unless a test asks (enforce_eager=False): a compile takes tens of seconds
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

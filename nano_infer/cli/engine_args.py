@@ -50,6 +50,10 @@ _OPTIONS = {
                                "OpenAI tools for ChatML models such as SmolLM2 and Qwen; default: the model's)"),
     "enable_prefix_caching": dict(action=argparse.BooleanOptionalAction,
                                   help="--no-enable-prefix-caching turns the prefix cache off (--prefix-cache none)"),
+    "enforce_eager": dict(action=argparse.BooleanOptionalAction,
+                          help="decode eagerly: no CUDA graphs, no compiled CPU step (default: CUDA graphs on CUDA, the CPU "
+                               "decode step of up to 4 sequences compiled for 4- and 8-bit weights; "
+                               "--no-enforce-eager compiles it whatever the weights)"),
     "trust_remote_code": dict(action="store_true", help="accepted: no checkpoint code runs here"),
     "speculative_config": dict(help="JSON, as vLLM's: "
                                     '\'{"method": "ngram", "num_speculative_tokens": 4}\' or '

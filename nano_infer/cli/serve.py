@@ -93,6 +93,7 @@ def _precompile_json_object(llm) -> None:
 def serve(args: argparse.Namespace) -> int:
     from ..async_engine.async_llm import AsyncLLM
     from ..api_server import run_server
+    from ..engine.llm_engine import LLMEngine
     from ..api_server.runner import bound_socket
 
     if args.admin_key is not None and (not args.admin_key or args.admin_key in api_keys(args)):
@@ -105,8 +106,10 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     with _children_ignore_ctrl_c():
         try:
-            llm = AsyncLLM(args.model, constraint_limits=ConstraintLimits(timeout=args.constraint_timeout),
-                           tokenize_backlog=args.max_tokenize_backlog, **engine_kwargs(args))
+            engine = LLMEngine(args.model, constraint_limits=ConstraintLimits(timeout=args.constraint_timeout),
+                               **engine_kwargs(args))
+            engine.warm_up()  # the compiled decode steps, before the port answers: no request waits for a compile
+            llm = AsyncLLM(engine=engine, tokenize_backlog=args.max_tokenize_backlog)
         except ValueError as e:
             sock.close()
             print(f"error: {e}", file=sys.stderr)

@@ -39,6 +39,7 @@ from ..models.loader import (default_model, eos_token_ids, load_config, load_mod
                              release_freed_memory, resolve_model)
 from .cpu_allocator import keep_freed_memory
 from .memory import StepRecorder
+from .compiled_decode import CompiledDecode, wants_compiled_decode
 from .model_runner import ModelRunner
 from .cpu_threads import FreeCoreThreads
 from .scheduler import WAITING_PROMPT_SHARE, Scheduler, scored_rows_per_step
@@ -164,8 +165,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
     if kv is not None:
         runner.open_blocks = kv.blocks.open_blocks  # the rows the runner packs each step's open-block slots from
     # a step of a model with experts asks the host how many tokens each expert got: no graph can hold that
-    if not (config.enforce_eager or is_moe(hf_config)) and device.type == "cuda" and kv_pool is not None and tp is None:
-        runner.capture_decode(max_model_len)
+    if kv_pool is not None and tp is None and not is_moe(hf_config):
+        if device.type == "cuda" and not config.enforce_eager:
+            runner.capture_decode(max_model_len)
+        elif wants_compiled_decode(config.enforce_eager, device, model) and config.kv_cache_dtype == "auto":
+            runner.graphs = CompiledDecode(model, runner.backend, block_size, dtype)
     if tier is not None:  # chapter 12: a host pool beside each KV pool, and the plug-in that copies between them
         runner.attach_host_tier(tier.num_blocks)
     offloader = None if tier is None else KVOffloader(tier, kv.cost)

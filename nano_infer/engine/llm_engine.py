@@ -36,6 +36,7 @@ from ..outputs import RequestMetrics, RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 from ..text.utf8 import check_utf8
 from .build import EngineParts, Feature, build_engine
+from .compiled_decode import BATCH_BUCKETS, CompiledDecode
 from .cpu_threads import FreeCoreThreads
 from .custom_logits import PersistentBatch, resolve_processors
 from .logits_processors import resolve_token_rules
@@ -109,6 +110,9 @@ class LLMEngine:
         line += f", {self.model.weights_held}" if self.model.weights_held else ""
         threads = self.plugin(FreeCoreThreads)
         line += f", up to {threads.max_threads} threads (as many as cores are free)" if threads else ""
+        if isinstance(self.runner.graphs, CompiledDecode):
+            line += (f", decode steps of up to {BATCH_BUCKETS[-1]} sequences compiled by torch.compile on first use "
+                     "(enforce_eager=True: eager)")
         if self.kv is None:
             return line + ", no KV cache"
         tokens = self.kv.num_blocks * self.kv.block_size
@@ -124,6 +128,12 @@ class LLMEngine:
         host = self.runner.host_pools[0]
         return (f"{line}; host tier of {host.nbytes / 2**20:,.1f} MiB = {self.kv.tier.num_blocks * self.kv.block_size:,} "
                 f"tokens, preemption by {self.config.preemption_mode}")
+
+    def warm_up(self) -> None:
+        """Compile the CPU decode step's batch buckets now (engine/compiled_decode.py), before any request holds
+        a block: a server calls it before it listens. Nothing to do on an engine that decodes eagerly."""
+        if isinstance(self.runner.graphs, CompiledDecode):
+            self.runner.graphs.warm_up()
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None,

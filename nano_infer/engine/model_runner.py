@@ -30,6 +30,7 @@ from ..kv.block_manager import slot_mapping
 from ..core.batch import BlockSwap, ScheduledSeq, StepInput, StepOpenBlocks
 from ..kv.offload import HostKVPool
 from ..kv.open_blocks import NoOpenBlocks, open_block_visible
+from .compiled_decode import CompiledDecode
 from .cuda_graph import DecodeGraphs
 
 # Decodes per attention call on CPU. Each call pads to its own longest context, so sorting by length
@@ -51,7 +52,8 @@ class ModelRunner:
         self.num_forward_tokens = 0  # tokens pushed through the model so far (prefill work done)
         self.mirrors: list[tuple] = []  # (model, kv_pool, backend) run on every step at the same slots
         self.host_pools: list[HostKVPool] = []  # the host tier of each KV pool (chapter 12)
-        self.graphs: DecodeGraphs | None = None  # captured decode steps (CUDA, unless enforce_eager)
+        # captured decode steps (CUDA) or compiled ones (a CPU), unless enforce_eager
+        self.graphs: DecodeGraphs | CompiledDecode | None = None
         self.open_blocks = NoOpenBlocks()  # an 8-bit pool's exact open blocks: the block manager's rows
 
     def capture_decode(self, max_model_len: int, capture: bool | None = None) -> None:

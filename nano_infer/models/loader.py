@@ -223,7 +223,8 @@ def _read_all(tensors, model, device, dtype, mode: str, experts: tuple[int, int]
 def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype, max_positions: int, tp=None,
                gguf_file: str | None = None, quantization: str | None = None):
     """The model on `device` in `dtype`; with `tp` (a TPShard) only that rank's slices of the weights.
-    `quantization` (EngineConfig's) says how the weights are held; `model.weights_held` says it in words."""
+    `quantization` (EngineConfig's) says how the weights are held; `model.quantization` is what it resolved to and
+    `model.weights_held` says it in words."""
     from accelerate import init_empty_weights
 
     from .gguf import gguf_tensors
@@ -251,6 +252,7 @@ def load_model(model_dir: Path, config, device: torch.device, dtype: torch.dtype
     if can_pack(device, dtype):
         pack_linears(model)
     model.weights_held = describe_weights(mode, why, held, dequantized, dtype)
+    model.quantization = mode  # "gguf", "int8", "int4" or "none"
     del state, tensors
     release_freed_memory()
     return model.eval()

@@ -43,4 +43,5 @@ CONFIGS = [
     dict(scheduler="static", max_num_seqs=2),
     dict(scheduler_policy="lpm", prefix_cache="radix", block_size=4),
     dict(max_num_seqs=2, block_size=4, max_num_batched_tokens=5, attention="blockwise"),
+    dict(block_size=4, enforce_eager=False),  # decode steps of up to 4 sequences compiled (engine/compiled_decode.py)
 ]

@@ -1,0 +1,145 @@
+"""Decode steps of a few sequences through torch's own compiler, on a CPU (`enforce_eager=True` turns it off).
+
+A CPU decode step of one chat spends much of its time between the matmuls: each layer runs dozens of small
+torch ops (two norms, the rotary embedding, the residual adds, SiLU-and-mul, the KV write and gather, the
+mask), each dispatched from Python and each a pass over memory. `torch.compile` (inductor) traces the whole
+step once, fuses the small ops into a few C++ loops and calls the int4 matmul and attention kernels directly
+(chapter 13 times the compiled step beside the eager one).
+
+Shapes: one graph per batch bucket (1, 2 or 4 sequences, a step padded up to its bucket by repeating its
+first sequence, as the CUDA graphs of `cuda_graph.py` pad theirs) with the block-table width left dynamic,
+so a bucket compiles once per process, and inductor's cache on disk turns a later process's compile into
+a load. A table of one block is padded to two (a dynamic size of 1 would be specialised: a second graph).
+
+The numbers are the eager step's: compiled with `emulate_precision_casts`, each bfloat16 rounding happens
+where the eager code has it (the tests compare the two steps' logits, and float32 ones with transformers).
+
+The one piece not traced as written is the KV write: in a graph, `index_copy_` into a view of the pool
+becomes a copy of the layer's whole pool with the new rows in it, copied back after the step (right, and
+a pass over the whole pool per layer per step). `write_kv`, a custom op that declares what it mutates,
+keeps the write in place.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+
+from ..kv.store import LayerKV
+from ..models.attention import AttentionMetadata, DecodeBatch
+
+logger = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4)  # few sequences: past these a step's matmuls, not its small ops, set its time
+ENV = "NANO_INFER_COMPILE"  # "0": every engine of the process decodes eagerly unless it asks (the test suite)
+
+
+@torch.library.custom_op("nano_infer::write_kv", mutates_args=("k_slots", "v_slots"))
+def write_kv(k_slots: torch.Tensor, v_slots: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> None:
+    """The step's K and V into their slots, in place."""
+    k_slots.index_copy_(0, slot_mapping, k)
+    v_slots.index_copy_(0, slot_mapping, v)
+
+
+class InPlaceLayerKV(LayerKV):
+    """A layer's K/V whose write stays an in-place write inside a compiled graph."""
+
+    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        write_kv(self.k_slots, self.v_slots, slot_mapping, k, v)
+        return k, v
+
+
+def wants_compiled_decode(enforce_eager: bool | None, device: torch.device, model) -> bool:
+    """`enforce_eager=False` asks for it (on a CPU); None, the default, means yes on a CPU for weights held in
+    4 or 8 bits (a GGUF file as stored, or quantized at load: the one-chat race with llama.cpp, where the
+    small ops weigh most) unless the environment says NANO_INFER_COMPILE=0; True never. Float32 and plain
+    bfloat16 weights stay eager by default: a compile costs tens of seconds, which a notebook's short runs
+    never win back."""
+    if device.type != "cpu" or enforce_eager:
+        return False
+    if enforce_eager is False:
+        return True
+    return getattr(model, "quantization", "none") != "none" and os.environ.get(ENV, "1") != "0"
+
+
+def _guards_to_keep(guards) -> list[bool]:
+    """All of dynamo's guards but two kinds, whose change would recompile the step (tens of seconds) for
+    nothing: the thread count (the free-core plug-in changes it between steps; the compiled loops take
+    theirs from OpenMP at run time) and the modules' attributes (the dense copies an int4 layer gains
+    for steps of more rows than a compiled step has)."""
+    modules = torch.compiler.skip_guard_on_all_nn_modules_unsafe(guards)
+    return [keep and g.guard_type != "GLOBAL_STATE" for keep, g in zip(modules, guards)]
+
+
+class CompiledDecode:
+    """One compiled decode step per batch bucket, built on first use (`warm_up` builds them ahead)."""
+
+    def __init__(self, model, backend, block_size: int, dtype: torch.dtype):
+        self.model, self.block_size, self.dtype = model, block_size, dtype
+        self.backend = type(backend)(backend.store, backend.blocks_per_chunk)  # its own views: the in-place write
+        self.backend._views = block_size, [InPlaceLayerKV(l.k_slots, l.v_slots, l.k_blocks, l.v_blocks)
+                                           for l in backend.store.layers(block_size)]
+        self.threads = torch.get_num_threads()  # the most the engine runs on: the compile sees them all
+        self.step = torch.compile(self._forward, fullgraph=True, dynamic=False,
+                                  options={"emulate_precision_casts": True, "guard_filter_fn": _guards_to_keep})
+        self.compile_seconds: dict[int, float] = {}  # batch bucket -> seconds its first call took (its compile)
+
+    def eligible(self, step) -> bool:
+        """A plain decode step of at most BATCH_BUCKETS[-1] sequences (no prefill chunk, no verify, no open blocks)."""
+        if step.prefills or len(step.decodes) != 1 or step.open_blocks is not None:
+            return False
+        _, _, lens, q_len = step.decodes[0]
+        return q_len == 1 and len(lens) <= BATCH_BUCKETS[-1] and len(step.sample_rows) == len(lens)
+
+    @torch.inference_mode()
+    def run(self, step) -> torch.Tensor:
+        """Logits [rows, vocab] in float32 of an eligible step, in `step.sample_rows` order."""
+        _, tables, lens, _ = step.decodes[0]
+        n = len(lens)
+        batch = next(b for b in BATCH_BUCKETS if b >= n)
+        pad = batch - n
+        ids, positions, slots, context_lens = (torch.tensor(v + v[:1] * pad) for v in
+                                               (step.input_ids, step.positions, step.slot_mapping, lens))
+        width = max(len(tables[0]), 2)
+        table = torch.zeros(batch, width, dtype=torch.long)  # padded with block 0, which the mask hides
+        table[:n, : len(tables[0])] = torch.tensor(tables)
+        table[n:] = table[0]
+        logits = self._call(ids, positions, slots, table, context_lens)
+        return logits[torch.tensor(step.sample_rows)]
+
+    def warm_up(self) -> None:
+        """Compile every bucket now, on a step that writes into block 0's first slot (call it before any
+        request holds blocks): what a server does before it reports healthy."""
+        with torch.inference_mode():
+            for batch in BATCH_BUCKETS:  # tensors of their own: inputs that alias each other would be guarded on
+                ids, positions, slots = (torch.zeros(batch, dtype=torch.long) for _ in range(3))
+                self._call(ids, positions, slots, torch.zeros(batch, 2, dtype=torch.long), torch.ones(batch, dtype=torch.long))
+
+    def _call(self, input_ids, positions, slot_mapping, block_tables, context_lens) -> torch.Tensor:
+        batch = len(input_ids)
+        torch._dynamo.mark_dynamic(block_tables, 1)  # one graph for every width
+        if batch in self.compile_seconds:
+            return self.step(input_ids, positions, slot_mapping, block_tables, context_lens)
+        threads, start = torch.get_num_threads(), time.perf_counter()
+        torch.set_num_threads(self.threads)  # code for every thread; it runs on as many as are set at the time
+        try:
+            out = self.step(input_ids, positions, slot_mapping, block_tables, context_lens)
+        finally:
+            torch.set_num_threads(threads)
+        self.compile_seconds[batch] = time.perf_counter() - start
+        logger.info("compiled the CPU decode step for %d sequence%s in %.1f s (inductor's cache on disk keeps it)",
+                    batch, "s" if batch > 1 else "", self.compile_seconds[batch])
+        return out
+
+    def _forward(self, input_ids, positions, slot_mapping, block_tables, context_lens) -> torch.Tensor:
+        """One padded decode step: logits [batch, vocab] in float32. The mask comes from `context_lens`."""
+        batch, width = block_tables.shape
+        keys = torch.arange(width * self.block_size)
+        hidden = keys[None, :] >= context_lens[:, None]  # a key past the query's position
+        mask = torch.zeros(hidden.shape, dtype=self.dtype).masked_fill_(hidden, float("-inf")).view(batch, 1, 1, -1)
+        self.backend.meta = AttentionMetadata(slot_mapping=slot_mapping, block_size=self.block_size,
+                                              decodes=[DecodeBatch(0, batch, block_tables, context_lens, mask)])
+        return self.model.compute_logits(self.model(input_ids, positions, self.backend)).float()

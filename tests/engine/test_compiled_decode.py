@@ -1,0 +1,78 @@
+"""The CPU decode step through torch.compile (engine/compiled_decode.py): when it is on, that its numbers are the
+eager step's, and that nothing a running engine does makes it compile again.
+
+Parity with transformers in float32 is in tests/helpers/parity.py's CONFIGS (enforce_eager=False). Here: the
+bfloat16 int4 path a GGUF chat takes, against the eager engine on the same weights.
+"""
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from nano_infer import LLM, SamplingParams
+from nano_infer.engine.compiled_decode import BATCH_BUCKETS, ENV, CompiledDecode, wants_compiled_decode
+from nano_infer.models.quantization import Int4Linear
+
+# prompts of 3, 9 and 17 tokens: with blocks of 4 the tables grow from 1 to 12 blocks while they decode
+PROMPTS = [[5 + i for i in range(n)] for n in (3, 9, 17)]
+PARAMS = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=2)
+
+
+def engine(enforce_eager):
+    return LLM(dtype="bfloat16", quantization="int4", enforce_eager=enforce_eager, block_size=4, max_model_len=128,
+               kv_cache_memory=8 << 20)
+
+
+def replies(llm, prompts):
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=PARAMS, use_tqdm=False)
+    return [(o.outputs[0].token_ids, [{t: lp.logprob for t, lp in d.items()} for d in o.outputs[0].logprobs])
+            for o in outs]
+
+
+def test_by_default_only_an_engine_of_4_or_8_bit_weights_on_a_cpu_compiles(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    quantized, dense = type("M", (), {"quantization": "gguf"})(), type("M", (), {"quantization": "none"})()
+    assert wants_compiled_decode(None, cpu, quantized)
+    assert not wants_compiled_decode(None, cpu, dense)  # float32 and plain bfloat16: eager unless asked
+    assert wants_compiled_decode(False, cpu, dense)
+    assert not wants_compiled_decode(True, cpu, quantized)
+    assert not wants_compiled_decode(None, cuda, quantized) and not wants_compiled_decode(False, cuda, dense)
+    monkeypatch.setenv(ENV, "0")
+    assert not wants_compiled_decode(None, cpu, quantized) and wants_compiled_decode(False, cpu, quantized)
+
+    monkeypatch.setenv(ENV, "1")
+    llm = engine(None)
+    assert isinstance(llm.engine.runner.graphs, CompiledDecode)
+    assert "decode steps of up to 4 sequences compiled by torch.compile" in llm.engine.startup_line
+    assert engine(True).engine.runner.graphs is None
+    assert LLM(dtype="float32", max_model_len=64).engine.runner.graphs is None
+
+
+def test_compiled_steps_give_the_eager_steps_numbers_and_compile_once_per_bucket():
+    eager, compiled = engine(True), engine(False)
+    steps = compiled.engine.runner.graphs
+    steps.warm_up()  # what a server does before it listens: writes block 0's first slot, which no table reads unmasked
+    assert set(steps.compile_seconds) == set(BATCH_BUCKETS)
+    graphs = counters["stats"]["unique_graphs"]
+
+    torch.set_num_threads(1)  # the free-core plug-in changes the count between steps: no new compile
+    try:
+        ours, theirs = replies(compiled, PROMPTS[:1]) + replies(compiled, PROMPTS), \
+            replies(eager, PROMPTS[:1]) + replies(eager, PROMPTS)
+    finally:
+        torch.set_num_threads(2)
+    assert [t for t, _ in ours] == [t for t, _ in theirs]
+    # emulate_precision_casts rounds where eager rounds: the same logprobs but for a rare bfloat16 step flipped by
+    # the padded batch's attention (4 rows for 3 sequences, a wider table summed in another order)
+    diffs = [abs(a[t] - b[t]) for (_, x), (_, y) in zip(ours, theirs) for a, b in zip(x, y) for t in a if t in b]
+    assert max(diffs) <= 0.05
+    assert sum(d == 0 for d in diffs) >= 0.95 * len(diffs)
+
+    # six sequences decode eagerly and give every int4 layer its dense copy: the compiled steps' guards do not
+    # read the modules, so the steps of fewer sequences after them run the same graphs
+    six = [[7 + i for i in range(n)] for n in (2, 4, 6, 8, 10, 12)]
+    assert [t for t, _ in replies(compiled, six)] == [t for t, _ in replies(eager, six)]
+    assert all(m.dense is not None for m in compiled.engine.model.modules() if isinstance(m, Int4Linear))
+    assert [t for t, _ in replies(compiled, PROMPTS)] == [t for t, _ in theirs[1:]]
+    assert counters["stats"]["unique_graphs"] == graphs
+
