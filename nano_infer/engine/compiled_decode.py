@@ -142,4 +142,7 @@ class CompiledDecode:
         mask = torch.zeros(hidden.shape, dtype=self.dtype).masked_fill_(hidden, float("-inf")).view(batch, 1, 1, -1)
         self.backend.meta = AttentionMetadata(slot_mapping=slot_mapping, block_size=self.block_size,
                                               decodes=[DecodeBatch(0, batch, block_tables, context_lens, mask)])
-        return self.model.compute_logits(self.model(input_ids, positions, self.backend)).float()
+        logits = self.model.compute_logits(self.model(input_ids, positions, self.backend)).float()
+        # left set, the metadata would be rebuilt in Python after every call (dynamo replays what a graph leaves behind)
+        self.backend.meta = None
+        return logits
