@@ -10,9 +10,15 @@ GPU_MODEL ?= Qwen/Qwen2.5-1.5B-Instruct
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup lab test test-unit test-fast test-notebooks test-book test-gpu gpu-wheels notebooks book chromium bench bench-ab models lm-eval llama-cpp tiny-model tiny-draft clean
+.PHONY: setup compiler lab test test-unit test-fast test-notebooks test-book test-gpu gpu-wheels notebooks book chromium bench bench-ab models lm-eval llama-cpp tiny-model tiny-draft clean
 
-setup: $(STAMP)
+setup: $(STAMP) compiler
+
+# torch.compile's C++ compiler, for the CPU decode step (engine/compiled_decode.py): Debian's g++ where none is found.
+# Without one (no dpkg either) the engine decodes eagerly and its startup line says so.
+compiler:
+	@command -v g++ >/dev/null || { command -v dpkg >/dev/null && $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++; } || echo "no g++: decode steps run eagerly"
 
 # constraints.txt pins torch to the CPU build on this kind of machine; pyproject keeps ranges.
 $(STAMP): pyproject.toml constraints.txt

@@ -13,6 +13,7 @@ registered class from its config and plugs in those that are on.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,11 +40,13 @@ from ..models.loader import (default_model, eos_token_ids, load_config, load_mod
                              release_freed_memory, resolve_model)
 from .cpu_allocator import keep_freed_memory
 from .memory import StepRecorder
-from .compiled_decode import CompiledDecode, wants_compiled_decode
+from .compiled_decode import CompiledDecode, cxx_compiler, wants_compiled_decode
 from .model_runner import ModelRunner
 from .cpu_threads import FreeCoreThreads
 from .scheduler import WAITING_PROMPT_SHARE, Scheduler, scored_rows_per_step
 from .tp_worker import worker_runner
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -169,7 +172,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
         if device.type == "cuda" and not config.enforce_eager:
             runner.capture_decode(max_model_len)
         elif wants_compiled_decode(config.enforce_eager, device, model) and config.kv_cache_dtype == "auto":
-            runner.graphs = CompiledDecode(model, runner.backend, block_size, dtype)
+            if cxx_compiler():
+                runner.graphs = CompiledDecode(model, runner.backend, block_size, dtype)
+            else:
+                logger.warning("decode steps run eagerly: torch.compile needs a C++ compiler, and none was found "
+                               "(`make compiler` installs Debian's g++)")
     if tier is not None:  # chapter 12: a host pool beside each KV pool, and the plug-in that copies between them
         runner.attach_host_tier(tier.num_blocks)
     offloader = None if tier is None else KVOffloader(tier, kv.cost)

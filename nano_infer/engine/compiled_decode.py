@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 
 import torch
@@ -63,6 +64,16 @@ def wants_compiled_decode(enforce_eager: bool | None, device: torch.device, mode
     if enforce_eager is False:
         return True
     return getattr(model, "quantization", "none") != "none" and os.environ.get(ENV, "1") != "0"
+
+
+def cxx_compiler() -> str | None:
+    """The path of the C++ compiler inductor would call, or None when there is none."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        return shutil.which(get_cpp_compiler())
+    except RuntimeError:  # inductor found none to name
+        return None
 
 
 def _guards_to_keep(guards) -> list[bool]:

@@ -76,3 +76,14 @@ def test_compiled_steps_give_the_eager_steps_numbers_and_compile_once_per_bucket
     assert [t for t, _ in replies(compiled, PROMPTS)] == [t for t, _ in theirs[1:]]
     assert counters["stats"]["unique_graphs"] == graphs
 
+
+
+def test_without_a_cxx_compiler_the_engine_decodes_eagerly_and_says_so(monkeypatch, caplog):
+    import nano_infer.engine.build as build
+
+    monkeypatch.setattr(build, "cxx_compiler", lambda: None)
+    with caplog.at_level("WARNING", logger="nano_infer"):
+        llm = engine(False)
+    assert llm.engine.runner.graphs is None
+    assert "torch.compile needs a C++ compiler" in caplog.text
+    assert "compiled by torch.compile" not in llm.engine.startup_line
