@@ -11,8 +11,9 @@ first sequence, as the CUDA graphs of `cuda_graph.py` pad theirs) with the block
 so a bucket compiles once per process, and inductor's cache on disk turns a later process's compile into
 a load. A table of one block is padded to two (a dynamic size of 1 would be specialised: a second graph).
 
-The numbers are the eager step's: compiled with `emulate_precision_casts`, each bfloat16 rounding happens
-where the eager code has it (the tests compare the two steps' logits, and float32 ones with transformers).
+The numbers are the eager step's, nearly always to the bit: compiled with `emulate_precision_casts`, the
+bfloat16 roundings happen where the eager code has them, and a rare step rounds one value the other way (the
+tests compare the two steps' logits, and float32 tokens with transformers').
 
 The one piece not traced as written is the KV write: in a graph, `index_copy_` into a view of the pool
 becomes a copy of the layer's whole pool with the new rows in it, copied back after the step (right, and
