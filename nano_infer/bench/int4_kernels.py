@@ -23,6 +23,7 @@ per second. The 8-bit activations' effect on a model's scores is measured apart 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = {}
-    print(f"{args.threads} threads; us a call (multiply-adds per second), largest error against float32 relative "
+    print(f"load average {os.getloadavg()[0]:.2f} (a figure taken beside other work is not one); {args.threads} "
+          f"threads; us a call (multiply-adds per second), largest error against float32 relative "
           "to the largest output")
     for model in args.models:
         for matrix, (n, k) in MODELS[model].items():

@@ -171,9 +171,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
     if kv_pool is not None and tp is None and not is_moe(hf_config):
         if device.type == "cuda" and not config.enforce_eager:
             runner.capture_decode(max_model_len)
-        elif wants_compiled_decode(config.enforce_eager, device, model) and config.kv_cache_dtype == "auto":
+        # (the blockwise walk's loop over a table's chunks takes the table's width as a number: no dynamic width)
+        elif (wants_compiled_decode(config.enforce_eager, device, model) and config.kv_cache_dtype == "auto"
+              and config.attention == "gather"):
             if cxx_compiler():
-                runner.graphs = CompiledDecode(model, runner.backend, block_size, dtype)
+                runner.graphs = CompiledDecode(model, runner.kv_pool.store, block_size, dtype)
             else:
                 logger.warning("decode steps run eagerly: torch.compile needs a C++ compiler, and none was found "
                                "(`make compiler` installs Debian's g++)")

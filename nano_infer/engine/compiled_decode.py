@@ -30,7 +30,7 @@ import time
 import torch
 
 from ..kv.store import LayerKV
-from ..models.attention import AttentionMetadata, DecodeBatch
+from ..models.attention import AttentionMetadata, DecodeBatch, GatherAttention
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +89,11 @@ def _guards_to_keep(guards) -> list[bool]:
 class CompiledDecode:
     """One compiled decode step per batch bucket, built on first use (`warm_up` builds them ahead)."""
 
-    def __init__(self, model, backend, block_size: int, dtype: torch.dtype):
+    def __init__(self, model, store, block_size: int, dtype: torch.dtype):
         self.model, self.block_size, self.dtype = model, block_size, dtype
-        self.backend = type(backend)(backend.store, backend.blocks_per_chunk)  # its own views: the in-place write
+        self.backend = GatherAttention(store)  # with views of its own: the in-place write
         self.backend._views = block_size, [InPlaceLayerKV(l.k_slots, l.v_slots, l.k_blocks, l.v_blocks)
-                                           for l in backend.store.layers(block_size)]
+                                           for l in store.layers(block_size)]
         self.threads = torch.get_num_threads()  # the most the engine runs on: the compile sees them all
         self.step = torch.compile(self._forward, fullgraph=True, dynamic=False,
                                   options={"emulate_precision_casts": True, "guard_filter_fn": _guards_to_keep})

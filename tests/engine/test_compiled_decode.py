@@ -45,6 +45,7 @@ def test_by_default_only_an_engine_of_4_or_8_bit_weights_on_a_cpu_compiles(monke
     assert isinstance(llm.engine.runner.graphs, CompiledDecode)
     assert "decode steps of up to 4 sequences compiled by torch.compile" in llm.engine.startup_line
     assert engine(True).engine.runner.graphs is None
+    assert LLM(dtype="bfloat16", quantization="int4", attention="blockwise", max_model_len=64).engine.runner.graphs is None
     assert LLM(dtype="float32", max_model_len=64).engine.runner.graphs is None
 
 
