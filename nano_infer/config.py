@@ -80,9 +80,8 @@ class EngineConfig:
     # each built once and run on every step's sampled rows (engine/custom_logits.py)
     logits_processors: list | None = None
     enable_prefix_caching: bool | None = None  # False: prefix_cache=None; True: the prefix_cache given ("auto": radix)
-    # vLLM's knob: by default plain decode steps replay from CUDA graphs on CUDA (engine/cuda_graph.py) and, on a CPU with
-    # 4- or 8-bit weights, those of up to 4 sequences run compiled (engine/compiled_decode.py); False: compiled on a CPU
-    # whatever the weights; True: all eager
+    # vLLM's knob. None: CUDA graphs on CUDA (engine/cuda_graph.py), a compiled decode step on a CPU for 4- and 8-bit
+    # weights (engine/compiled_decode.py); False: compiled on a CPU whatever the weights; True: all eager
     enforce_eager: bool | None = None
     trust_remote_code: bool = False  # accepted: the model code is this package's own, no checkpoint code runs
     disable_log_stats: bool = False  # accepted: the engine logs no periodic stats (the server's /metrics has them)

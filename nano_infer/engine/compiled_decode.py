@@ -17,7 +17,7 @@ tests compare the two steps' logits, and float32 tokens with transformers').
 
 The one piece not traced as written is the KV write: in a graph, `index_copy_` into a view of the pool
 becomes a copy of the layer's whole pool with the new rows in it, copied back after the step (right, and
-a pass over the whole pool per layer per step). `write_kv`, a custom op that declares what it mutates,
+a pass over the whole pool per layer per step). `write_kv`, an op of its own that declares what it mutates,
 keeps the write in place.
 """
 from __future__ import annotations
@@ -38,12 +38,22 @@ BATCH_BUCKETS = (1, 2, 4)  # few sequences: past these a step's matmuls, not its
 ENV = "NANO_INFER_COMPILE"  # "0": every engine of the process decodes eagerly unless it asks (the test suite)
 
 
-@torch.library.custom_op("nano_infer::write_kv", mutates_args=("k_slots", "v_slots"))
-def write_kv(k_slots: torch.Tensor, v_slots: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor,
-             v: torch.Tensor) -> None:
+# An op of the dispatcher's own with a Python kernel: torch.library.custom_op's wrapper costs several times
+# the two index_copy_ calls at every call, and a step makes one a layer
+_LIB = torch.library.Library("nano_infer", "FRAGMENT")
+_LIB.define("write_kv(Tensor(a!) k_slots, Tensor(b!) v_slots, Tensor slot_mapping, Tensor k, Tensor v) -> ()")
+
+
+def _write_kv(k_slots: torch.Tensor, v_slots: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
     """The step's K and V into their slots, in place."""
     k_slots.index_copy_(0, slot_mapping, k)
     v_slots.index_copy_(0, slot_mapping, v)
+
+
+_LIB.impl("write_kv", _write_kv, "CPU")
+torch.library.register_fake("nano_infer::write_kv", lambda *args: None, lib=_LIB)
+write_kv = torch.ops.nano_infer.write_kv
 
 
 class InPlaceLayerKV(LayerKV):
@@ -77,13 +87,16 @@ def cxx_compiler() -> str | None:
         return None
 
 
+_ARGUMENTS = frozenset(("input_ids", "positions", "slot_mapping", "block_tables", "context_lens"))  # _forward's
+
+
 def _guards_to_keep(guards) -> list[bool]:
-    """All of dynamo's guards but two kinds, whose change would recompile the step (tens of seconds) for
-    nothing: the thread count (the free-core plug-in changes it between steps; the compiled loops take
-    theirs from OpenMP at run time) and the modules' attributes (the dense copies an int4 layer gains
-    for steps of more rows than a compiled step has)."""
-    modules = torch.compiler.skip_guard_on_all_nn_modules_unsafe(guards)
-    return [keep and g.guard_type != "GLOBAL_STATE" for keep, g in zip(modules, guards)]
+    """Dynamo's guards on the step's own arguments and their sizes, none on what it reads through `self`: the
+    model's weights and the KV pool never change after the engine is built, and checking hundreds of them before
+    every step costs a share of it; the thread count (the free-core plug-in changes it between steps, and the
+    compiled loops take theirs from OpenMP at run time) and the modules' attributes (the dense copies an int4
+    layer gains for steps of more rows than a compiled step has) would each recompile the step for nothing."""
+    return [g.guard_type == "SHAPE_ENV" or g.name in _ARGUMENTS for g in guards]
 
 
 class CompiledDecode:

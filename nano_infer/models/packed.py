@@ -49,15 +49,14 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
-@torch.library.custom_op("nano_infer::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """oneDNN's matmul on a packed weight, opaque to torch.compile (engine/compiled_decode.py)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-@packed_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+# oneDNN's matmul on a packed weight as an op of its own, opaque to torch.compile (engine/compiled_decode.py)
+_LIB = torch.library.Library("nano_infer", "FRAGMENT")
+_LIB.define("packed_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_LIB.impl("packed_linear", lambda x, weight, bias: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], ""),
+          "CompositeExplicitAutograd")  # (a packed weight is a oneDNN tensor: dispatched under its own key)
+torch.library.register_fake("nano_infer::packed_linear",
+                            lambda x, weight, bias: x.new_empty(*x.shape[:-1], weight.shape[0]), lib=_LIB)
+packed_linear = torch.ops.nano_infer.packed_linear
 
 
 class PackedExperts(Experts):
