@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import time
+import types
 
 import torch
 
@@ -108,7 +109,10 @@ class CompiledDecode:
         self.backend._views = block_size, [InPlaceLayerKV(l.k_slots, l.v_slots, l.k_blocks, l.v_blocks)
                                            for l in store.layers(block_size)]
         self.threads = torch.get_num_threads()  # the most the engine runs on: the compile sees them all
-        self.step = torch.compile(self._forward, fullgraph=True, dynamic=False,
+        # a code object of its own: dynamo keeps compiled graphs per code object, and the guards leave out all this
+        # step reads through `self`, so two engines of one process would otherwise run one engine's graph
+        forward = types.FunctionType(CompiledDecode._forward.__code__.replace(), globals(), "_forward")
+        self.step = torch.compile(types.MethodType(forward, self), fullgraph=True, dynamic=False,
                                   options={"emulate_precision_casts": True, "guard_filter_fn": _guards_to_keep})
         self.compile_seconds: dict[int, float] = {}  # batch bucket -> seconds its first call took (its compile)
 

@@ -88,3 +88,19 @@ def test_without_a_cxx_compiler_the_engine_decodes_eagerly_and_says_so(monkeypat
     assert llm.engine.runner.graphs is None
     assert "torch.compile needs a C++ compiler" in caplog.text
     assert "compiled by torch.compile" not in llm.engine.startup_line
+
+
+def test_two_engines_in_one_process_each_run_their_own_graph():
+    """The guards read nothing through the step's `self`: a second engine (other weights, another pool) must
+    still compile its own graph, not run the first one's."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    first = engine(False)
+    first.generate(prompt_token_ids=PROMPTS[:1], sampling_params=params, use_tqdm=False)
+    # other layers: int8 weights where the first engine's graph calls the int4 kernel
+    other = LLM(dtype="bfloat16", quantization="int8", enforce_eager=False, block_size=4, max_model_len=128,
+                kv_cache_memory=8 << 20)
+    ours = other.generate(prompt_token_ids=PROMPTS[1:2], sampling_params=params, use_tqdm=False)  # bucket 1 again
+    theirs = LLM(dtype="bfloat16", quantization="int8", enforce_eager=True, block_size=4, max_model_len=128,
+                 kv_cache_memory=8 << 20).generate(prompt_token_ids=PROMPTS[1:2], sampling_params=params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in ours] == [o.outputs[0].token_ids for o in theirs]
+    assert other.engine.runner.graphs.compile_seconds  # it compiled (a graph of its own)
