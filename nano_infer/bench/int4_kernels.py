@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
             timed = out[f"{model} {matrix}"] = time_shape(n, k, args.rows, args.rounds)
             for name, by_rows in timed.items():
                 cells = "  ".join(f"{m} rows {t['us']:8.0f} us ({t['gmacs']:5.1f} GMAC/s)" for m, t in by_rows.items())
-                print(f"{model:8s} {matrix:8s} {n:6d}x{k:<5d} {name:17s} {cells}  error {max(t['error'] for t in by_rows.values()):.1e}")
+                error = max(t["error"] for t in by_rows.values())
+                print(f"{model:8s} {matrix:8s} {n:6d}x{k:<5d} {name:17s} {cells}  error {error:.1e}")
     return out
 
 

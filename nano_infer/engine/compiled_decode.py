@@ -145,7 +145,8 @@ class CompiledDecode:
         with torch.inference_mode():
             for batch in BATCH_BUCKETS:  # tensors of their own: inputs that alias each other would be guarded on
                 ids, positions, slots = (torch.zeros(batch, dtype=torch.long) for _ in range(3))
-                self._call(ids, positions, slots, torch.zeros(batch, 2, dtype=torch.long), torch.ones(batch, dtype=torch.long))
+                table, context_lens = torch.zeros(batch, 2, dtype=torch.long), torch.ones(batch, dtype=torch.long)
+                self._call(ids, positions, slots, table, context_lens)
 
     def _call(self, input_ids, positions, slot_mapping, block_tables, context_lens) -> torch.Tensor:
         batch = len(input_ids)
