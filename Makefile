@@ -14,11 +14,13 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 setup: $(STAMP) compiler
 
-# torch.compile's C++ compiler, for the CPU decode step (engine/compiled_decode.py): Debian's g++ where none is found.
-# Without one (no dpkg either) the engine decodes eagerly and its startup line says so.
+# torch.compile's C++ compiler and Python's headers, for the CPU decode step (engine/compiled_decode.py): Debian's g++
+# and python3-dev where either is missing. Without them (no dpkg either) the engine decodes eagerly and says so.
+HAVE_HEADERS := $(PYTHON) -c "import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"
 compiler:
-	@command -v g++ >/dev/null || { command -v dpkg >/dev/null && $(SUDO) apt-get update -qq && \
-		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++; } || echo "no g++: decode steps run eagerly"
+	@{ command -v g++ >/dev/null && $(HAVE_HEADERS); } || { command -v dpkg >/dev/null && $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ python3-dev; } || \
+		echo "no g++ or no Python headers: decode steps run eagerly"
 
 # constraints.txt pins torch to the CPU build on this kind of machine; pyproject keeps ranges.
 $(STAMP): pyproject.toml constraints.txt

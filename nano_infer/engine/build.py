@@ -177,8 +177,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
             if cxx_compiler():
                 runner.graphs = CompiledDecode(model, runner.kv_pool.store, block_size, dtype)
             else:
-                logger.warning("decode steps run eagerly: torch.compile needs a C++ compiler, and none was found "
-                               "(`make compiler` installs Debian's g++)")
+                logger.warning("decode steps run eagerly: torch.compile needs a C++ compiler and Python's headers, "
+                               "and one is missing (`make compiler` installs Debian's g++ and python3-dev)")
     if tier is not None:  # chapter 12: a host pool beside each KV pool, and the plug-in that copies between them
         runner.attach_host_tier(tier.num_blocks)
     offloader = None if tier is None else KVOffloader(tier, kv.cost)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sysconfig
 import time
 import types
 
@@ -79,9 +80,12 @@ def wants_compiled_decode(enforce_eager: bool | None, device: torch.device, mode
 
 
 def cxx_compiler() -> str | None:
-    """The path of the C++ compiler inductor would call, or None when there is none."""
+    """The path of the C++ compiler inductor would call, or None when there is none, or no Python headers for
+    the modules it builds with it."""
     from torch._inductor.cpp_builder import get_cpp_compiler
 
+    if not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        return None
     try:
         return shutil.which(get_cpp_compiler())
     except RuntimeError:  # inductor found none to name

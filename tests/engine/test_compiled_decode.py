@@ -86,7 +86,7 @@ def test_without_a_cxx_compiler_the_engine_decodes_eagerly_and_says_so(monkeypat
     with caplog.at_level("WARNING", logger="nano_infer"):
         llm = engine(False)
     assert llm.engine.runner.graphs is None
-    assert "torch.compile needs a C++ compiler" in caplog.text
+    assert "torch.compile needs a C++ compiler and Python's headers" in caplog.text
     assert "compiled by torch.compile" not in llm.engine.startup_line
 
 
