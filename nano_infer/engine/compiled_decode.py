@@ -33,6 +33,7 @@ import torch
 
 from ..kv.store import LayerKV
 from ..models.attention import AttentionMetadata, DecodeBatch, GatherAttention
+from .cuda_graph import decode_mask, padded_inputs, plain_decode
 
 logger = logging.getLogger(__name__)
 
@@ -121,25 +122,16 @@ class CompiledDecode:
         self.compile_seconds: dict[int, float] = {}  # batch bucket -> seconds its first call took (its compile)
 
     def eligible(self, step) -> bool:
-        """A plain decode step of at most BATCH_BUCKETS[-1] sequences (no prefill chunk, no verify, no open blocks)."""
-        if step.prefills or len(step.decodes) != 1 or step.open_blocks is not None:
-            return False
-        _, _, lens, q_len = step.decodes[0]
-        return q_len == 1 and len(lens) <= BATCH_BUCKETS[-1] and len(step.sample_rows) == len(lens)
+        """A plain decode step (cuda_graph.py's rule) of at most BATCH_BUCKETS[-1] sequences."""
+        return plain_decode(step, BATCH_BUCKETS[-1])
 
     @torch.inference_mode()
     def run(self, step) -> torch.Tensor:
         """Logits [rows, vocab] in float32 of an eligible step, in `step.sample_rows` order."""
         _, tables, lens, _ = step.decodes[0]
-        n = len(lens)
-        batch = next(b for b in BATCH_BUCKETS if b >= n)
-        pad = batch - n
-        ids, positions, slots, context_lens = (torch.tensor(v + v[:1] * pad) for v in
-                                               (step.input_ids, step.positions, step.slot_mapping, lens))
-        width = max(len(tables[0]), 2)
-        table = torch.zeros(batch, width, dtype=torch.long)  # padded with block 0, which the mask hides
-        table[:n, : len(tables[0])] = torch.tensor(tables)
-        table[n:] = table[0]
+        batch = next(b for b in BATCH_BUCKETS if b >= len(lens))
+        rows, table = padded_inputs(step, batch, max(len(tables[0]), 2))
+        ids, positions, slots, context_lens = (torch.tensor(values) for values in rows)
         logits = self._call(ids, positions, slots, table, context_lens)
         return logits[torch.tensor(step.sample_rows)]
 
@@ -170,12 +162,9 @@ class CompiledDecode:
 
     def _forward(self, input_ids, positions, slot_mapping, block_tables, context_lens) -> torch.Tensor:
         """One padded decode step: logits [batch, vocab] in float32. The mask comes from `context_lens`."""
-        batch, width = block_tables.shape
-        keys = torch.arange(width * self.block_size)
-        hidden = keys[None, :] >= context_lens[:, None]  # a key past the query's position
-        mask = torch.zeros(hidden.shape, dtype=self.dtype).masked_fill_(hidden, float("-inf")).view(batch, 1, 1, -1)
-        self.backend.meta = AttentionMetadata(slot_mapping=slot_mapping, block_size=self.block_size,
-                                              decodes=[DecodeBatch(0, batch, block_tables, context_lens, mask)])
+        mask = decode_mask(block_tables, context_lens, self.block_size, self.dtype)
+        decode = DecodeBatch(0, len(input_ids), block_tables, context_lens, mask)
+        self.backend.meta = AttentionMetadata(slot_mapping=slot_mapping, block_size=self.block_size, decodes=[decode])
         logits = self.model.compute_logits(self.model(input_ids, positions, self.backend)).float()
         # left set, the metadata would be rebuilt in Python after every call (dynamo replays what a graph leaves behind)
         self.backend.meta = None

@@ -37,6 +37,38 @@ def width_bucket(num_blocks: int, max_blocks: int) -> int:
     return min(1 << max(num_blocks - 1, 0).bit_length(), max_blocks)
 
 
+def plain_decode(step, max_seqs: int) -> bool:
+    """A decode step a padded graph can run: one token per sequence, no prefill chunk, no verify, every row
+    sampled, at most `max_seqs` sequences (an 8-bit pool's exact open blocks are read through per-step slots
+    no graph holds)."""
+    if step.prefills or len(step.decodes) != 1 or step.open_blocks is not None:
+        return False
+    _, _, lens, q_len = step.decodes[0]
+    return q_len == 1 and len(lens) <= max_seqs and len(step.sample_rows) == len(lens)
+
+
+def padded_inputs(step, batch: int, width: int) -> tuple[list[list[int]], torch.Tensor]:
+    """The step's input ids, positions, slots and context lengths, and its block tables [batch, width], padded
+    to `batch` rows with copies of the first sequence and to `width` with block 0, which the mask hides."""
+    _, tables, lens, _ = step.decodes[0]
+    pad = batch - len(lens)
+    rows = [values + values[:1] * pad for values in (step.input_ids, step.positions, step.slot_mapping, lens)]
+    table = torch.zeros(batch, width, dtype=torch.long)
+    table[: len(lens), : len(tables[0])] = torch.tensor(tables)
+    table[len(lens):] = table[0]
+    return rows, table
+
+
+def decode_mask(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                dtype: torch.dtype) -> torch.Tensor:
+    """[batch, 1, 1, width * block_size] additive: -inf for a key past its sequence's query, computed inside the
+    step from `context_lens`, so a replay (or a compiled call) recomputes it."""
+    keys = torch.arange(block_tables.shape[1] * block_size, device=block_tables.device)
+    hidden = keys[None, :] >= context_lens[:, None]  # a key past the query's position
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=block_tables.device)
+    return mask.masked_fill_(hidden, float("-inf")).view(block_tables.shape[0], 1, 1, -1)
+
+
 class DecodeGraphs:
     """Static buffers and one captured step per (batch bucket, width bucket)."""
 
@@ -56,10 +88,7 @@ class DecodeGraphs:
 
     def eligible(self, step) -> bool:
         """A plain decode step (see the module doc) that fits the largest bucket."""
-        if step.prefills or len(step.decodes) != 1 or step.open_blocks is not None:
-            return False  # (an 8-bit pool's exact open blocks are read through per-step slots no graph holds)
-        _, _, lens, q_len = step.decodes[0]
-        return q_len == 1 and len(lens) <= BATCH_BUCKETS[-1] and len(step.sample_rows) == len(lens)
+        return plain_decode(step, BATCH_BUCKETS[-1])
 
     @torch.inference_mode()
     def run(self, step) -> torch.Tensor:
@@ -68,7 +97,7 @@ class DecodeGraphs:
         _, tables, lens, _ = step.decodes[0]
         n = len(lens)
         batch, width = batch_bucket(n), width_bucket(len(tables[0]), self.max_blocks)
-        self._fill(step, n, batch, width)
+        self._fill(step, batch, width)
         key = (batch, width)
         if key not in self.steps:
             self.steps[key] = self._capture(batch, width)
@@ -79,16 +108,11 @@ class DecodeGraphs:
             graph.replay()
         return logits[torch.tensor(step.sample_rows, device=self.device)]
 
-    def _fill(self, step, n: int, batch: int, width: int) -> None:
+    def _fill(self, step, batch: int, width: int) -> None:
         """The step's inputs into the static buffers, padded to `batch` rows with copies of the first."""
-        _, tables, lens, _ = step.decodes[0]
-        pad = batch - n
-        for buf, values in ((self.input_ids, step.input_ids), (self.positions, step.positions),
-                            (self.slot_mapping, step.slot_mapping), (self.context_lens, lens)):
-            buf[:batch].copy_(torch.tensor(values + values[:1] * pad), non_blocking=True)
-        table = torch.zeros(batch, width, dtype=torch.long)
-        table[:n, : len(tables[0])] = torch.tensor(tables)
-        table[n:] = table[0]
+        rows, table = padded_inputs(step, batch, width)
+        for buf, values in zip((self.input_ids, self.positions, self.slot_mapping, self.context_lens), rows):
+            buf[:batch].copy_(torch.tensor(values), non_blocking=True)
         self._tables(batch, width).copy_(table, non_blocking=True)
 
     def _tables(self, batch: int, width: int) -> torch.Tensor:
@@ -104,10 +128,7 @@ class DecodeGraphs:
     def _forward(self, batch: int, meta: AttentionMetadata) -> torch.Tensor:
         """One padded decode step on the static buffers: logits [batch, vocab] in float32."""
         decode = meta.decodes[0]
-        keys = torch.arange(decode.block_tables.shape[1] * self.block_size, device=self.device)
-        hidden = keys[None, :] >= decode.context_lens[:, None]  # a key past the query's position
-        mask = torch.zeros(hidden.shape, dtype=self.backend.store.dtype, device=self.device)
-        decode.mask = mask.masked_fill_(hidden, float("-inf")).view(batch, 1, 1, -1)
+        decode.mask = decode_mask(decode.block_tables, decode.context_lens, self.block_size, self.backend.store.dtype)
         self.backend.meta = meta
         out = self.model(self.input_ids[:batch], self.positions[:batch], self.backend)
         return self.model.compute_logits(out).float()
