@@ -32,21 +32,27 @@ $(STAMP): pyproject.toml constraints.txt
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Once the unit tests pass (they run alone: timed attacks among them), the notebooks run beside the book, which
-# is built from the committed notebooks, not from nbval's runs.
+# Once the unit tests pass, the notebooks run beside the book, which is built from the committed notebooks, not
+# from nbval's runs.
 test: test-unit
 	$(MAKE) -j2 test-notebooks test-book
 
+# The unit tests in two parts. The folders whose tests time one client, tenant or process against another or wait
+# on a deadline (the server's attacks, the CLI's signals, the async engine's fair queue, a hung tensor-parallel
+# worker) run alone, after the rest, which runs on two workers (pytest-xdist).
+ALONE := tests/api_server tests/cli tests/async_engine tests/distributed
 test-unit: setup models lm-eval chromium
-	CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests -q
+	CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests -q -n 2 $(addprefix --ignore=,$(ALONE))
+	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q $(ALONE)
 
 # While working: tests/ without the tests marked slow (a real checkpoint, a second process, a server under load, ...).
 test-fast: setup
 	$(PY) -m pytest tests -q -m "not slow"
 
-# nbval re-runs every notebook and checks its asserts; outputs are compared loosely (--nbval-lax).
+# nbval re-runs every notebook and checks its asserts; outputs are compared loosely (--nbval-lax). Two notebooks
+# at a time, each whole on one worker (--dist loadfile): no notebook's assert reads a time.
 test-notebooks: setup
-	$(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks/
+	$(PY) -m pytest -q -n 2 --dist loadfile --nbval-lax --nbval-current-env notebooks/
 
 # Build the book from the committed notebooks and check it in headless chromium.
 test-book: book chromium

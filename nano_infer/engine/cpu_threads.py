@@ -6,6 +6,9 @@ core can take longer than a step on the cores left. Between steps, at most every
 plug-in reads how much CPU time the other processes took (/proc/stat's busy time less this process's
 own) and sets torch's threads to the cores left: never more than torch had when the engine started or
 was last set to by anyone else (a chapter's cell that pins one thread keeps one), never fewer than one.
+What the others did while the engine waited for work says little of what they do when it resumes (a
+benchmark's other engine, a burst in a browser): the first step after a wait starts a new interval,
+counted soon after.
 Threads of this process (a server's tokenizer, its HTTP loop) are its own load, not another's. Linux
 only; with tensor-parallel workers (processes of its own) the engine keeps torch's setting.
 """
@@ -20,6 +23,8 @@ import torch
 from ..core.plugin import EnginePlugin, StepContext
 
 CHECK_S = 1.0  # how often the free cores are counted: a step is milliseconds, another process's load lasts longer
+IDLE_S = 0.25  # no step for this long: the engine waited for work
+RECHECK_S = 0.1  # the first count after a wait: short, and long enough for /proc/stat's 10 ms ticks
 STAT = Path("/proc/stat")
 # a core counts as taken when other processes used more than this share of it over the last interval
 TAKEN = 0.5
@@ -38,6 +43,7 @@ class FreeCoreThreads(EnginePlugin):
         self.threads = max_threads
         self.changes = 0  # how often the count changed (a test reads it)
         self._last = self._sample()
+        self._due = self._stepped = self._last[0]  # the next count; the end of the last step
 
     @classmethod
     def for_cpu(cls) -> "FreeCoreThreads | None":
@@ -51,8 +57,15 @@ class FreeCoreThreads(EnginePlugin):
         return time.monotonic(), busy_seconds(), time.process_time()
 
     def adjust(self, step: StepContext) -> None:
-        if time.monotonic() - self._last[0] >= CHECK_S:
+        now = time.monotonic()
+        if now - self._stepped >= IDLE_S:  # back from a wait: the interval starts here
+            self._last, self._due = self._sample(), now + RECHECK_S
+        elif now >= self._due:
             self.update(self._sample())
+            self._due = now + CHECK_S
+
+    def after_step(self, step: StepContext) -> None:
+        self._stepped = time.monotonic()
 
     def update(self, now: tuple[float, float, float]) -> None:
         """Set the threads from the other processes' CPU use between the last sample and `now`."""

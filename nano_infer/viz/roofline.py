@@ -37,3 +37,17 @@ def card_figure(rows: list[dict], card_bytes: int, title: str) -> go.Figure:
                 name="left over (less than one sequence)", marker_color="#deebf7")
     fig.update_layout(barmode="stack", title=title, height=420, width=700, yaxis=dict(title="GiB", range=[0, card_bytes / gib]))
     return fig
+
+
+def sizes_figure(names: list[str], floor_ms: list[float], matmul_ms: list[float], steps: dict[str, list[float | None]],
+                 title: str) -> go.Figure:
+    """Per model size, ms per token: the floor (the bytes as stored over the bandwidth), the step's matmuls
+    alone, and each whole decode step measured (`steps`: label -> one value per size, None where not measured)."""
+    fig = go.Figure()
+    fig.add_bar(x=names, y=floor_ms, name="floor: bytes as stored / bandwidth", marker_color="#9ecae1")
+    fig.add_bar(x=names, y=matmul_ms, name="the step's int4 matmuls alone", marker_color="#3182bd")
+    for (label, values), color in zip(steps.items(), ("#d62728", "#fd8d3c", "#31a354")):
+        fig.add_bar(x=names, y=values, name=label, marker_color=color)
+    fig.update_layout(barmode="group", title=title, height=420, width=FIGURE_WIDTH, legend=LEGEND_BELOW,
+                      yaxis=dict(type="log", title="ms per token (one thread)"))
+    return fig

@@ -81,3 +81,33 @@ def test_threads_pinned_after_the_engine_started_stay_pinned(torch_threads):
     torch.set_num_threads(1)
     policy.update((1.0, 0.0, 0.0))  # nothing else runs
     assert policy.threads == policy.max_threads == 1 == torch.get_num_threads()
+
+
+def test_what_others_did_while_the_engine_waited_for_work_does_not_count(torch_threads, monkeypatch):
+    """Another process busy on both cores while the engine has no work (a benchmark's other engine): the first step
+    after the wait keeps the engine's threads, and a count soon after reads only what the others do now."""
+    import types
+
+    from nano_infer.engine import cpu_threads
+
+    now = [0.0]
+    monkeypatch.setattr(cpu_threads, "time", types.SimpleNamespace(monotonic=lambda: now[0], process_time=lambda: 0.0))
+    torch.set_num_threads(2)
+    policy = FreeCoreThreads(max_threads=2, cores=2)
+    timeline = {0.0: (0.0, 0.0), 5.0: (9.9, 0.04), 5.12: (10.14, 0.28)}  # t -> (every process's busy s, ours)
+    policy._sample = lambda: (now[0], *timeline[now[0]])
+    policy._last = policy._sample()
+    policy.after_step(None)  # a step ends at 0, then nothing until 5: the others held both cores meanwhile
+    now[0] = 5.0
+    policy.adjust(None)
+    assert policy.threads == 2 == torch.get_num_threads()  # the wait's load is not counted
+    policy.after_step(None)
+    now[0] = 5.12  # RECHECK_S later: the others took nothing since (ours 0.24 of the 0.24 busy)
+    policy.adjust(None)
+    assert policy.threads == 2 and policy.changes == 0
+    timeline[6.2] = (10.14 + 1.08 + 1.6, 0.28 + 1.08)  # the next count: 1.6 of 1.08 s to the others: both cores
+    now[0] = 6.19  # steps all along, the last one ending here
+    policy.after_step(None)
+    now[0] = 6.2
+    policy.adjust(None)
+    assert policy.threads == 1 == torch.get_num_threads()
