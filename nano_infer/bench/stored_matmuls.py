@@ -40,7 +40,8 @@ class StoredMatmuls:
             self.weights += out_features * in_features
         vocab, hidden = shape["vocab_size"], shape["hidden_size"]
         q8 = torch.randint(-128, 128, (vocab, hidden), dtype=torch.int8, generator=gen)
-        self.layers.append(Q8Linear(Int8Weight(q8, torch.rand(vocab, hidden // GROUP, generator=gen) / 100), None, dtype))
+        d8 = torch.rand(vocab, hidden // GROUP, generator=gen) / 100
+        self.layers.append(Q8Linear(Int8Weight(q8, d8), None, dtype))
         self.stored_bytes = self.weights * Q4_1_BYTES + vocab * hidden * Q8_0_BYTES
         self.weights += vocab * hidden
         self.rows = {k: torch.randn(1, k, dtype=dtype, generator=gen) for k in {m.in_features for m in self.layers}}
