@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..models.quant_formats import GROUP, Int4Weight, Int8Weight
+from ..models.quant_formats import GROUP, Int8Weight
 from ..models.quantization import Int4Linear, Q8Linear
+from .int4_kernels import random_weight
 
 Q4_1_BYTES, Q8_0_BYTES = 20 / GROUP, 34 / GROUP  # bytes a weight in the file: a block's scales with its values
 
@@ -34,9 +35,7 @@ class StoredMatmuls:
         self.layers: list[Int4Linear] = []
         self.weights = 0
         for out_features, in_features in layer_matmuls(shape) * shape["num_hidden_layers"]:
-            d = torch.rand(out_features, in_features // GROUP, generator=gen) / 100
-            q = torch.randint(0, 16, (out_features, in_features), dtype=torch.uint8, generator=gen)
-            self.layers.append(Int4Linear(Int4Weight(q, d, -8 * d), None, dtype))
+            self.layers.append(Int4Linear(random_weight(out_features, in_features, gen), None, dtype))
             self.weights += out_features * in_features
         vocab, hidden = shape["vocab_size"], shape["hidden_size"]
         q8 = torch.randint(-128, 128, (vocab, hidden), dtype=torch.int8, generator=gen)
