@@ -60,7 +60,15 @@ write_kv = torch.ops.nano_infer.write_kv
 
 
 class InPlaceLayerKV(LayerKV):
-    """A layer's K/V whose write stays an in-place write inside a compiled graph."""
+    """A layer's K/V whose write stays an in-place write inside a compiled graph, and whose blocks are read as
+    [num_blocks, block_size, KVH * D]: with a block's slots a dimension of their own, inductor's gather loop copies
+    each slot's K (or V) as one contiguous run of vector loads, where through LayerKV's 2-D view of the blocks it
+    computes every element's address apart (a modulo each) and copies element by element."""
+
+    @classmethod
+    def of(cls, layer: LayerKV, block_size: int) -> InPlaceLayerKV:
+        k_blocks = layer.k_slots.view(-1, block_size, layer.k_slots.shape[1:].numel())
+        return cls(layer.k_slots, layer.v_slots, k_blocks, layer.v_slots.view(k_blocks.shape))
 
     def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         write_kv(self.k_slots, self.v_slots, slot_mapping, k, v)
@@ -105,20 +113,29 @@ def _guards_to_keep(guards) -> list[bool]:
     return [g.guard_type == "SHAPE_ENV" or g.name in _ARGUMENTS for g in guards]
 
 
+OPTIONS = {
+    "emulate_precision_casts": True,  # bfloat16 rounded where the eager step rounds it
+    "guard_filter_fn": _guards_to_keep,
+    # the generated Python checks each extern kernel's output size, stride and alignment after the call: hundreds
+    # of calls a step, on shapes the compile fixed
+    "size_asserts": False,
+    "alignment_asserts": False,
+}
+
+
 class CompiledDecode:
     """One compiled decode step per batch bucket, built on first use (`warm_up` builds them ahead)."""
 
     def __init__(self, model, store, block_size: int, dtype: torch.dtype):
         self.model, self.block_size, self.dtype = model, block_size, dtype
         self.backend = GatherAttention(store)  # with views of its own: the in-place write
-        self.backend._views = block_size, [InPlaceLayerKV(l.k_slots, l.v_slots, l.k_blocks, l.v_blocks)
-                                           for l in store.layers(block_size)]
+        self.backend._views = block_size, [InPlaceLayerKV.of(layer, block_size) for layer in store.layers(block_size)]
         self.threads = torch.get_num_threads()  # the most the engine runs on: the compile sees them all
         # a code object of its own: dynamo keeps compiled graphs per code object, and the guards leave out all this
         # step reads through `self`, so two engines of one process would otherwise run one engine's graph
         forward = types.FunctionType(CompiledDecode._forward.__code__.replace(), globals(), "_forward")
         self.step = torch.compile(types.MethodType(forward, self), fullgraph=True, dynamic=False,
-                                  options={"emulate_precision_casts": True, "guard_filter_fn": _guards_to_keep})
+                                  options=dict(OPTIONS))  # a copy: torch.compile takes guard_filter_fn out of it
         self.compile_seconds: dict[int, float] = {}  # batch bucket -> seconds its first call took (its compile)
 
     def eligible(self, step) -> bool:
