@@ -120,6 +120,10 @@ OPTIONS = {
     # of calls a step, on shapes the compile fixed
     "size_asserts": False,
     "alignment_asserts": False,
+    # the step's hundreds of kernel and op calls made from C++, where the Python wrapper pays an interpreter's
+    # line and an op lookup for each (and torch's int4 op reads its group size back out of a tensor); it costs a
+    # longer first compile, which inductor's cache keeps
+    "cpp_wrapper": True,
 }
 
 
