@@ -9,8 +9,9 @@ was last set to by anyone else (a chapter's cell that pins one thread keeps one)
 What the others did while the engine waited for work says little of what they do when it resumes (a
 benchmark's other engine, a burst in a browser): the first step after a wait starts a new interval,
 counted soon after.
-Threads of this process (a server's tokenizer, its HTTP loop) are its own load, not another's. Linux
-only; with tensor-parallel workers (processes of its own) the engine keeps torch's setting.
+Threads and child processes of this process (a server's tokenizer, its HTTP loop, the worker processes
+inductor compiles in) are its own load, not another's. Linux only; with tensor-parallel workers (processes
+of its own) the engine keeps torch's setting.
 """
 from __future__ import annotations
 
@@ -37,6 +38,35 @@ def busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def own_seconds() -> float:
+    """CPU seconds of this process and of every process it started, directly or through another: those still
+    running read from /proc (each with the time of the processes it waited for: a compile worker's g++ runs),
+    those this process waited for from os.times()."""
+    t = os.times()
+    total = t.user + t.system + t.children_user + t.children_system
+    pending, tick = _children(os.getpid()), os.sysconf("SC_CLK_TCK")
+    while pending:
+        pid = pending.pop()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:  # ended since it was listed
+            continue
+        total += sum(int(f) for f in fields[11:15]) / tick  # its time and that of the processes it waited for
+        pending += _children(pid)
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    """The processes `pid`'s threads started, still running."""
+    pids = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            pids += [int(c) for c in children.read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
 class FreeCoreThreads(EnginePlugin):
     def __init__(self, max_threads: int, cores: int):
         self.max_threads, self.cores = max_threads, cores
@@ -54,7 +84,7 @@ class FreeCoreThreads(EnginePlugin):
 
     @staticmethod
     def _sample() -> tuple[float, float, float]:
-        return time.monotonic(), busy_seconds(), time.process_time()
+        return time.monotonic(), busy_seconds(), own_seconds()
 
     def adjust(self, step: StepContext) -> None:
         now = time.monotonic()
