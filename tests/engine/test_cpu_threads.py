@@ -1,5 +1,6 @@
 """The engine's CPU threads follow the cores other processes leave free (engine/cpu_threads.py)."""
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -65,7 +66,7 @@ def test_a_process_spinning_beside_the_engine_takes_a_thread(torch_threads):
     torch.set_num_threads(2)
     policy = FreeCoreThreads.for_cpu()
     assert policy is not None and policy.max_threads == 2
-    shell = subprocess.run(["sh", "-c", f"{' '.join(SPIN[:2])} '{SPIN[2]}' >/dev/null 2>&1 & echo $!"],
+    shell = subprocess.run(["sh", "-c", f"{shlex.join(SPIN)} >/dev/null 2>&1 & echo $!"],
                            capture_output=True, text=True, check=True)
     spinner = int(shell.stdout)
     try:
