@@ -96,10 +96,11 @@ def test_a_process_the_engine_started_is_its_own_load(torch_threads):
 
 
 def busy_elsewhere() -> bool:
-    """Whether something outside this process and its children took half a core over the last second."""
-    wall, busy, own = time.monotonic(), cpu_threads.busy_seconds(), cpu_threads.own_seconds()
-    time.sleep(1.0)
-    return (cpu_threads.busy_seconds() - busy) - (cpu_threads.own_seconds() - own) > 0.5 * (time.monotonic() - wall)
+    """Whether something outside this process and its children takes a thread away now, by the plug-in's own count."""
+    torch.set_num_threads(2)  # the policy under test may have set one
+    probe = FreeCoreThreads.for_cpu()
+    counted_over_a_second(probe)
+    return probe.threads < probe.max_threads
 
 
 def test_the_engine_on_a_cpu_has_the_plug_in_and_says_so(qwen2_dir, torch_threads):
