@@ -37,10 +37,16 @@ lab: setup
 test: test-unit
 	$(MAKE) -j2 test-notebooks test-book
 
-# The unit tests in two parts. The folders whose tests time one client, tenant or process against another or wait
-# on a deadline (the server's attacks, the CLI's signals, the async engine's fair queue, a hung tensor-parallel
-# worker) run alone, after the rest, which runs on two workers (pytest-xdist).
-ALONE := tests/api_server tests/cli tests/async_engine tests/distributed
+# The unit tests in two parts. The test files that time one client, tenant or process against another or wait on
+# a deadline (the server's attacks, the CLI's signals, the async engine's fair queue, a hung tensor-parallel worker)
+# run alone, after the rest, which runs on two workers (pytest-xdist). They live in these folders; a file there
+# runs alone unless it is named in UNTIMED, the files of those folders that assert on no time.
+ALONE_DIRS := tests/api_server tests/cli tests/async_engine tests/distributed
+UNTIMED := $(addprefix tests/api_server/test_,attacks_constraints.py beam.py clients.py lm_eval.py protocol.py tools.py \
+	vllm_fields.py vllm_metrics.py vllm_online_examples.py) \
+	$(addprefix tests/async_engine/test_,output_kind.py streams.py) \
+	$(addprefix tests/cli/test_,main.py vllm_examples.py vllm_examples_more.py)
+ALONE := $(filter-out $(UNTIMED),$(sort $(wildcard $(addsuffix /test_*.py,$(ALONE_DIRS)))))
 test-unit: setup models lm-eval chromium
 	CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests -q -n 2 $(addprefix --ignore=,$(ALONE))
 	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q $(ALONE)
