@@ -42,7 +42,7 @@ def _dashed(arg: str) -> str:
 # flags for the EngineConfig fields cli/engine_args.py has none for: a type where the default is None
 _TYPES = {"seed": int, "num_kv_blocks": int, "kv_cache_memory": int, "gguf_file": str, "distributed_backend": str}
 _CHOICES = {"scheduler": SCHEDULERS, "scheduler_policy": POLICIES}
-_NO_FLAG = {"constraint_limits", "hf_overrides", "compilation_config", "logits_processors"}  # objects, not flags
+_NO_FLAG = {"constraint_limits", "hf_overrides", "logits_processors"}  # objects, not flags
 
 
 class _EngineArgsMethods:

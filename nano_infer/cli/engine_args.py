@@ -54,6 +54,9 @@ _OPTIONS = {
                           help="decode eagerly: no CUDA graphs, no compiled CPU step (default: CUDA graphs on CUDA, the CPU "
                                "decode step of up to 4 sequences compiled for 4- and 8-bit weights; "
                                "--no-enforce-eager compiles it whatever the weights)"),
+    "compilation_config": dict(help="JSON, as vLLM's; one key here: '{\"compile_sizes\": [1, 2, 4, 8, 16, 32]}', the "
+                                    "batch sizes the CPU decode step is compiled for (default: 1, 2 and 4), each "
+                                    "compiled before the server answers"),
     "trust_remote_code": dict(action="store_true", help="accepted: no checkpoint code runs here"),
     "speculative_config": dict(help="JSON, as vLLM's: "
                                     '\'{"method": "ngram", "num_speculative_tokens": 4}\' or '
@@ -99,10 +102,11 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         kwargs["prefix_cache"] = None
     if getattr(args, "structured_outputs_config", None) is not None:
         kwargs["structured_outputs_config"] = args.structured_outputs_config
-    spec, kwargs["speculative_config"] = kwargs["speculative_config"], None
-    if spec:
-        try:
-            kwargs["speculative_config"] = json.loads(spec)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
+    for name in ("speculative_config", "compilation_config"):
+        text, kwargs[name] = kwargs[name], None
+        if text:
+            try:
+                kwargs[name] = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--{name.replace('_', '-')} is not valid JSON: {e}") from None
     return kwargs

@@ -40,7 +40,7 @@ from ..models.loader import (default_model, eos_token_ids, load_config, load_mod
                              release_freed_memory, resolve_model)
 from .cpu_allocator import keep_freed_memory
 from .memory import StepRecorder
-from .compiled_decode import CompiledDecode, cxx_compiler, wants_compiled_decode
+from .compiled_decode import BATCH_BUCKETS, CompiledDecode, cxx_compiler, wants_compiled_decode
 from .model_runner import ModelRunner
 from .cpu_threads import FreeCoreThreads
 from .scheduler import WAITING_PROMPT_SHARE, Scheduler, scored_rows_per_step
@@ -138,6 +138,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
     """Build every part of an engine for `config`, checked settings first, weights only once the shapes fit."""
     local_device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype, dtype_reason = pick_dtype(local_device, config.dtype)
+    if config.compile_sizes and local_device.type != "cpu":
+        raise ValueError("compilation_config['compile_sizes'] sizes the compiled decode step of a CPU; on a GPU "
+                         "decode steps are CUDA graphs, captured for each batch size on first use")
     if local_device.type == "cpu":
         keep_freed_memory()
     if config.seed is not None:  # vLLM's seed: requests without their own seed draw from torch's generator
@@ -172,10 +175,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
         if device.type == "cuda" and not config.enforce_eager:
             runner.capture_decode(max_model_len)
         # (the blockwise walk's loop over a table's chunks takes the table's width as a number: no dynamic width)
-        elif (wants_compiled_decode(config.enforce_eager, device, model) and config.kv_cache_dtype == "auto"
-              and config.attention == "gather"):
+        elif (wants_compiled_decode(False if config.compile_sizes else config.enforce_eager, device, model)
+              and config.kv_cache_dtype == "auto" and config.attention == "gather"):
             if cxx_compiler():
-                runner.graphs = CompiledDecode(model, runner.kv_pool.store, block_size, dtype)
+                runner.graphs = CompiledDecode(model, runner.kv_pool.store, block_size, dtype,
+                                               config.compile_sizes or BATCH_BUCKETS)
             else:
                 logger.warning("decode steps run eagerly: torch.compile needs a C++ compiler and Python's headers, "
                                "and one is missing (`make compiler` installs Debian's g++ and python3-dev)")

@@ -10,6 +10,10 @@ Shapes: one graph per batch bucket (1, 2 or 4 sequences, a step padded up to its
 first sequence, as the CUDA graphs of `cuda_graph.py` pad theirs) with the block-table width left dynamic,
 so a bucket compiles once per process, and inductor's cache on disk turns a later process's compile into
 a load. A table of one block is padded to two (a dynamic size of 1 would be specialised: a second graph).
+An engine that serves batches can ask for larger buckets (vLLM's `compilation_config={"compile_sizes":
+[...]}`): past a few sequences the matmuls set a step's time, but the small ops and the Python around them
+still take a share, for a compile per bucket. A bucket of more than `INT4_MAX_ROWS` sequences is traced
+with the dense copies a batch gives 4-bit layers (`DenseCopies`), so `warm_up` has them made first.
 
 The numbers are the eager step's, nearly always to the bit: compiled with `emulate_precision_casts`, the
 bfloat16 roundings happen where the eager code has them, and a rare step rounds one value the other way (the
@@ -33,11 +37,13 @@ import torch
 
 from ..kv.store import LayerKV
 from ..models.attention import AttentionMetadata, DecodeBatch, GatherAttention
+from ..models.dense_copies import hold_dense_copies
+from ..models.quantization import INT4_MAX_ROWS
 from .cuda_graph import decode_mask, padded_inputs, plain_decode
 
 logger = logging.getLogger(__name__)
 
-BATCH_BUCKETS = (1, 2, 4)  # few sequences: past these a step's matmuls, not its small ops, set its time
+BATCH_BUCKETS = (1, 2, 4)  # the default: few sequences, where a step's small ops weigh most beside its matmuls
 ENV = "NANO_INFER_COMPILE"  # "0": every engine of the process decodes eagerly unless it asks (the test suite)
 
 
@@ -130,8 +136,9 @@ OPTIONS = {
 class CompiledDecode:
     """One compiled decode step per batch bucket, built on first use (`warm_up` builds them ahead)."""
 
-    def __init__(self, model, store, block_size: int, dtype: torch.dtype):
+    def __init__(self, model, store, block_size: int, dtype: torch.dtype, batch_sizes: tuple[int, ...] = BATCH_BUCKETS):
         self.model, self.block_size, self.dtype = model, block_size, dtype
+        self.batch_sizes = batch_sizes  # sorted
         self.backend = GatherAttention(store)  # with views of its own: the in-place write
         self.backend._views = block_size, [InPlaceLayerKV.of(layer, block_size) for layer in store.layers(block_size)]
         self.threads = torch.get_num_threads()  # the most the engine runs on: the compile sees them all
@@ -143,14 +150,14 @@ class CompiledDecode:
         self.compile_seconds: dict[int, float] = {}  # batch bucket -> seconds its first call took (its compile)
 
     def eligible(self, step) -> bool:
-        """A plain decode step (cuda_graph.py's rule) of at most BATCH_BUCKETS[-1] sequences."""
-        return plain_decode(step, BATCH_BUCKETS[-1])
+        """A plain decode step (cuda_graph.py's rule) of at most the largest bucket's sequences."""
+        return plain_decode(step, self.batch_sizes[-1])
 
     @torch.inference_mode()
     def run(self, step) -> torch.Tensor:
         """Logits [rows, vocab] in float32 of an eligible step, in `step.sample_rows` order."""
         _, tables, lens, _ = step.decodes[0]
-        batch = next(b for b in BATCH_BUCKETS if b >= len(lens))
+        batch = next(b for b in self.batch_sizes if b >= len(lens))
         rows, table = padded_inputs(step, batch, max(len(tables[0]), 2))
         ids, positions, slots, context_lens = (torch.tensor(values) for values in rows)
         logits = self._call(ids, positions, slots, table, context_lens)
@@ -159,8 +166,10 @@ class CompiledDecode:
     def warm_up(self) -> None:
         """Compile every bucket now, on a step that writes into block 0's first slot (call it before any
         request holds blocks): what a server does before it reports healthy."""
+        if self.batch_sizes[-1] > INT4_MAX_ROWS:
+            hold_dense_copies(self.model)
         with torch.inference_mode():
-            for batch in BATCH_BUCKETS:  # tensors of their own: inputs that alias each other would be guarded on
+            for batch in self.batch_sizes:  # tensors of their own: inputs that alias each other would be guarded on
                 ids, positions, slots = (torch.zeros(batch, dtype=torch.long) for _ in range(3))
                 table, context_lens = torch.zeros(batch, 2, dtype=torch.long), torch.ones(batch, dtype=torch.long)
                 self._call(ids, positions, slots, table, context_lens)

@@ -36,7 +36,7 @@ from ..outputs import RequestMetrics, RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 from ..text.utf8 import check_utf8
 from .build import EngineParts, Feature, build_engine
-from .compiled_decode import BATCH_BUCKETS, CompiledDecode
+from .compiled_decode import CompiledDecode
 from .cpu_threads import FreeCoreThreads
 from .custom_logits import PersistentBatch, resolve_processors
 from .logits_processors import resolve_token_rules
@@ -111,8 +111,9 @@ class LLMEngine:
         threads = self.plugin(FreeCoreThreads)
         line += f", up to {threads.max_threads} threads (as many as cores are free)" if threads else ""
         if isinstance(self.runner.graphs, CompiledDecode):
-            line += (f", decode steps of up to {BATCH_BUCKETS[-1]} sequences compiled by torch.compile on first use "
-                     "(enforce_eager=True: eager)")
+            sizes = self.runner.graphs.batch_sizes
+            line += (f", decode steps of up to {sizes[-1]} sequences compiled by torch.compile on first use "
+                     f"(batch sizes {', '.join(map(str, sizes))}; enforce_eager=True: eager)")
         if self.kv is None:
             return line + ", no KV cache"
         tokens = self.kv.num_blocks * self.kv.block_size

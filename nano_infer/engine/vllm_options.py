@@ -28,7 +28,6 @@ NEUTRAL_OPTIONS: dict[str, tuple[tuple, str]] = {
     "max_logprobs": ((20,), "20 alternatives per token is the limit (OpenAI's)"),
     "served_model_name": ((None,), "a server option here: nano-infer serve --served-model-name"),
     "enable_lora": ((False, None), "LoRA adapters are not supported"),
-    "compilation_config": ((None,), "enforce_eager decides: CUDA graphs on a GPU, the compiled decode step on a CPU"),
     "generation_config": (("auto",), "the model's generation_config.json gives the default sampling parameters"),
     "async_scheduling": ((False, None), "steps run one after another"),
     # AsyncEngineArgs' own: whether each request is logged changes no output

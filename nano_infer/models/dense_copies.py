@@ -33,8 +33,7 @@ class DenseCopies(EnginePlugin):
     def for_model(model) -> DenseCopies | None:
         """The plug-in for a model with int4 layers in bfloat16 (None otherwise: in float32 the int4 kernel is a
         scalar loop, and reading a weight back through it, K rows of an identity matrix, costs more than it saves)."""
-        layers = [m for m in model.modules()
-                  if isinstance(m, Int4Linear) and m.scales_and_zeros.dtype == torch.bfloat16]
+        layers = _copyable(model)
         return DenseCopies(layers) if layers else None
 
     def adjust(self, step: StepContext) -> None:
@@ -47,8 +46,25 @@ class DenseCopies(EnginePlugin):
             why = f"a prompt chunk of more than {LONG_PROMPT_ROWS} tokens"
         else:
             return
-        start = time.perf_counter()
-        copied = sum(layer.hold_dense_copy() for layer in self.layers)
-        logger.info(f"{why}: the {len(self.layers)} int4 layers now also hold a dense copy for steps of many rows "
-                    f"(+{copied / 2**20:.0f} MiB in {time.perf_counter() - start:.2f} s)")
+        _hold(self.layers, why)
         self.layers = []
+
+
+def hold_dense_copies(model) -> None:
+    """Give the model's int4 layers their dense copies now, not at the first step of many rows: a compiled decode
+    step for more than INT4_MAX_ROWS sequences is traced with them (engine/compiled_decode.py)."""
+    _hold(_copyable(model), f"decode steps of more than {INT4_MAX_ROWS} sequences compiled")
+
+
+def _copyable(model) -> list[Int4Linear]:
+    return [m for m in model.modules() if isinstance(m, Int4Linear) and m.scales_and_zeros.dtype == torch.bfloat16]
+
+
+def _hold(layers: list[Int4Linear], why: str) -> None:
+    layers = [layer for layer in layers if layer.dense is None]  # a layer holds one copy, made once
+    if not layers:
+        return
+    start = time.perf_counter()
+    copied = sum(layer.hold_dense_copy() for layer in layers)
+    logger.info(f"{why}: the {len(layers)} int4 layers now also hold a dense copy for steps of many rows "
+                f"(+{copied / 2**20:.0f} MiB in {time.perf_counter() - start:.2f} s)")

@@ -104,3 +104,38 @@ def test_two_engines_in_one_process_each_run_their_own_graph():
                  kv_cache_memory=8 << 20).generate(prompt_token_ids=PROMPTS[1:2], sampling_params=params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in ours] == [o.outputs[0].token_ids for o in theirs]
     assert other.engine.runner.graphs.compile_seconds  # it compiled (a graph of its own)
+
+
+def test_compile_sizes_build_a_batch_bucket_with_the_dense_copies_and_give_the_eager_tokens():
+    """vLLM's compilation_config={"compile_sizes": [...]}: a bucket of 8 sequences, traced after warm_up made the
+    int4 layers' dense copies (a step of that many rows runs on them), runs six sequences as eager would."""
+    llm = LLM(dtype="bfloat16", quantization="int4", block_size=4, max_model_len=128, kv_cache_memory=8 << 20,
+              compilation_config={"compile_sizes": [8, 1]})
+    steps = llm.engine.runner.graphs
+    assert steps.batch_sizes == (1, 8) and "batch sizes 1, 8" in llm.engine.startup_line
+    assert all(m.dense is None for m in llm.engine.model.modules() if isinstance(m, Int4Linear))
+    steps.warm_up()
+    assert set(steps.compile_seconds) == {1, 8}
+    assert all(m.dense is not None for m in llm.engine.model.modules() if isinstance(m, Int4Linear))
+    batches = []
+    run = steps.run
+    steps.run = lambda step: batches.append(len(step.decodes[0][2])) or run(step)
+    six = [[7 + i for i in range(n)] for n in (2, 4, 6, 8, 10, 12)]
+    ours = [t for t, _ in replies(llm, six)]
+    assert batches and max(batches) == 6  # the steps of six sequences ran compiled, in the bucket of 8
+    assert ours == [t for t, _ in replies(engine(True), six)]
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(compilation_config={"compile_sizes": [1, 2], "level": 3}), "the one key taken here is 'compile_sizes'"),
+    (dict(compilation_config=3), "the one key taken here is 'compile_sizes'"),
+    (dict(compilation_config={"compile_sizes": [0, 4]}), "must be a list of batch sizes >= 1"),
+    (dict(compilation_config={"compile_sizes": []}), "must be a list of batch sizes >= 1"),
+    (dict(compilation_config={"compile_sizes": [8]}, max_num_seqs=4), "more sequences than a step holds"),
+    (dict(compilation_config={"compile_sizes": [8]}, enforce_eager=True), "set one or the other"),
+    (dict(compilation_config={"compile_sizes": [8]}, attention="blockwise"), "got attention='blockwise'"),
+    (dict(compilation_config={"compile_sizes": [8]}, kv_cache_dtype="int8"), "got kv_cache_dtype='int8'"),
+])
+def test_compile_sizes_that_cannot_be_honoured_are_refused_with_the_reason(options, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        LLM(dtype="bfloat16", quantization="int4", max_model_len=64, **options)

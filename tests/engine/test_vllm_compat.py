@@ -47,6 +47,9 @@ def test_flexible_parser_takes_underscores_and_equals_and_leaves_values_alone():
     assert engine_args.enforce_eager is True and engine_args.speculative_config == {"method": "ngram",
                                                                                       "num_speculative_tokens": 2}
     assert EngineArgs.from_cli_args(parser.parse_args(["--prefix-cache", "none"])).prefix_cache is None
+    sized = EngineArgs.from_cli_args(parser.parse_args(["--compilation-config", '{"compile_sizes": [1, 2, 4, 8]}']))
+    assert sized.compilation_config == {"compile_sizes": [1, 2, 4, 8]}
+    assert sized.create_engine_config().compile_sizes == (1, 2, 4, 8)
 
 
 def test_engine_args_fields_are_the_engine_options_and_vllm_s_no_ops_at_their_defaults():
