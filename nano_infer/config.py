@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from .compilation import compile_sizes
 from .constrained.limits import ConstraintLimits
 from .text.chat_template import resolve_chat_template
 
@@ -83,9 +84,7 @@ class EngineConfig:
     # vLLM's knob. None: CUDA graphs on CUDA (engine/cuda_graph.py), a compiled decode step on a CPU for 4- and 8-bit
     # weights (engine/compiled_decode.py); False: compiled on a CPU whatever the weights; True: all eager
     enforce_eager: bool | None = None
-    # vLLM's knob, one key of it here: {"compile_sizes": [1, 2, 4, 8, 16, 32]} = the batch sizes a CPU's compiled
-    # decode step is built for (a step pads up to the next; past the largest it runs eagerly). None: 1, 2 and 4
-    compilation_config: dict | None = None
+    compilation_config: dict | None = None  # vLLM's knob: {"compile_sizes": [...]}, the CPU step's (compilation.py)
     trust_remote_code: bool = False  # accepted: the model code is this package's own, no checkpoint code runs
     disable_log_stats: bool = False  # accepted: the engine logs no periodic stats (the server's /metrics has them)
 
@@ -102,16 +101,13 @@ class EngineConfig:
 
     def check(self) -> None:
         """Each setting, then the combinations; resolves prefix_cache="auto" and parses speculative_config."""
-        _one_of("kv_cache", self.kv_cache, KV_CACHES)
-        _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        for name, choices in (("kv_cache", KV_CACHES), ("kv_cache_dtype", KV_CACHE_DTYPES), ("attention", ATTENTIONS),
+                              ("prefix_cache", PREFIX_CACHES), ("scheduler", SCHEDULERS), ("scheduler_policy", POLICIES),
+                              ("quantization", QUANTIZATIONS)):
+            _one_of(name, getattr(self, name), choices)
         if self.kv_cache_dtype != "auto" and self.kv_cache != "paged":
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} quantizes the paged KV pool: it needs "
                              f"kv_cache='paged' (got kv_cache={self.kv_cache!r}, which keeps K/V in the model's dtype)")
-        _one_of("prefix_cache", self.prefix_cache, PREFIX_CACHES)
-        _one_of("attention", self.attention, ATTENTIONS)
-        _one_of("scheduler", self.scheduler, SCHEDULERS)
-        _one_of("scheduler_policy", self.scheduler_policy, POLICIES)
-        _one_of("quantization", self.quantization, QUANTIZATIONS)
         if self.quantization not in (None, "none") and self.tensor_parallel_size > 1:
             raise ValueError(f"quantization={self.quantization!r} with tensor_parallel_size > 1 is not supported: "
                              f"quantized layers are not sharded; use quantization='none'")
@@ -161,39 +157,10 @@ class EngineConfig:
         elif self.enable_prefix_caching and self.kv_cache != "paged":
             raise ValueError(f"enable_prefix_caching=True shares KV blocks, so it needs kv_cache='paged' "
                              f"(got {self.kv_cache!r})")
-        self._check_compilation_config()
+        compile_sizes(self)
         if self.trust_remote_code:
             logger.info("trust_remote_code=True changes nothing: no code from the checkpoint runs, the model is "
                         "nano_infer's own Llama-family forward")
-
-    def _check_compilation_config(self) -> None:
-        config = self.compilation_config
-        if config is None:
-            return
-        if not isinstance(config, dict) or set(config) - {"compile_sizes"}:
-            raise ValueError(f"compilation_config={config!r}: the one key taken here is 'compile_sizes', the batch "
-                             f"sizes a CPU's compiled decode step is built for, e.g. {{'compile_sizes': [1, 2, 4, 8]}}")
-        sizes = config.get("compile_sizes")
-        if (not isinstance(sizes, (list, tuple)) or not sizes
-                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes)):
-            raise ValueError(f"compilation_config['compile_sizes']={sizes!r} must be a list of batch sizes >= 1")
-        if max(sizes) > self.max_num_seqs:
-            raise ValueError(f"compilation_config['compile_sizes'] has {max(sizes)}, more sequences than a step holds "
-                             f"(max_num_seqs={self.max_num_seqs})")
-        if self.enforce_eager:
-            raise ValueError("compilation_config['compile_sizes'] sizes the compiled decode step, and "
-                             "enforce_eager=True turns it off: set one or the other")
-        plain = dict(kv_cache="paged", kv_cache_dtype="auto", attention="gather", tensor_parallel_size=1)
-        other = {name: getattr(self, name) for name, value in plain.items() if getattr(self, name) != value}
-        if other:
-            raise ValueError(f"compilation_config['compile_sizes'] sizes the compiled decode step, which runs with "
-                             f"{', '.join(f'{k}={v!r}' for k, v in plain.items())}; got "
-                             f"{', '.join(f'{k}={v!r}' for k, v in other.items())}")
-
-    @property
-    def compile_sizes(self) -> tuple[int, ...] | None:
-        """The batch sizes of compilation_config, sorted (None: the compiled step's own)."""
-        return None if self.compilation_config is None else tuple(sorted(set(self.compilation_config["compile_sizes"])))
 
     def _check_offloading(self) -> None:
         """The host tier (chapter 12) and the preemption mode that can use it."""
@@ -220,9 +187,6 @@ class EngineConfig:
                              f"use quantization=None")
         if self.tensor_parallel_size > 1 and gguf_file:
             raise ValueError("a GGUF checkpoint with tensor_parallel_size > 1 is not supported; use the safetensors one")
-        if self.compile_sizes and num_experts(hf_config):
-            raise ValueError("compilation_config['compile_sizes'] sizes the compiled decode step, and a Mixture-of-"
-                             "Experts model decodes eagerly: each step asks how many tokens each expert got")
         if self.quantization == "gguf" and not gguf_file:
             raise ValueError("quantization='gguf' runs a GGUF file's tensors as stored, and the checkpoint is "
                              "safetensors: use 'int8' or 'int4' to quantize it at load")

@@ -124,7 +124,7 @@ def test_tests_are_grouped_like_the_package():
 # -- layers: every import runs down --------------------------------------------------------------
 # The package's parts from the bottom up. A module may import its own part or one below it, never one above.
 LAYERS = [
-    {"outputs", "sampling_params", "inputs", "constrained", "text", "config"},  # records and pure algorithms
+    {"outputs", "sampling_params", "inputs", "constrained", "text", "config", "compilation"},  # records and pure algorithms
     {"core"},  # the shared records: Sequence, Request, the step's batch, the plug-in base, the published stats
     {"prefix"},
     {"kv"},

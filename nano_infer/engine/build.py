@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
 
+from ..compilation import compile_sizes
 from ..config import EngineConfig
 from ..core.plugin import EnginePlugin
 from ..core.request import Request
@@ -138,9 +139,6 @@ def build_engine(config: EngineConfig) -> EngineParts:
     """Build every part of an engine for `config`, checked settings first, weights only once the shapes fit."""
     local_device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype, dtype_reason = pick_dtype(local_device, config.dtype)
-    if config.compile_sizes and local_device.type != "cpu":
-        raise ValueError("compilation_config['compile_sizes'] sizes the compiled decode step of a CPU; on a GPU "
-                         "decode steps are CUDA graphs, captured for each batch size on first use")
     if local_device.type == "cpu":
         keep_freed_memory()
     if config.seed is not None:  # vLLM's seed: requests without their own seed draw from torch's generator
@@ -149,6 +147,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
     model_name = config.model or str(model_dir)
     hf_config = load_config(model_dir, gguf_file)
     max_model_len = config.check_model(hf_config, gguf_file)  # shapes checked: weights not read yet
+    sizes = compile_sizes(config)
+    if sizes and (local_device.type != "cpu" or is_moe(hf_config)):
+        raise ValueError("compilation_config['compile_sizes'] sizes a CPU's compiled decode step, which a GPU (its "
+                         "CUDA graphs are captured for each batch size on first use) and a Mixture-of-Experts model "
+                         "(each step asks how many tokens each expert got) do not run")
     tp, launch, device = driver_shard(config.tensor_parallel_size, local_device,  # under torchrun: its local GPU
                                       config.enable_expert_parallel)
     model = load_model(model_dir, hf_config, device, dtype, max_model_len, tp, gguf_file, config.quantization)
@@ -175,11 +178,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
         if device.type == "cuda" and not config.enforce_eager:
             runner.capture_decode(max_model_len)
         # (the blockwise walk's loop over a table's chunks takes the table's width as a number: no dynamic width)
-        elif (wants_compiled_decode(False if config.compile_sizes else config.enforce_eager, device, model)
+        elif (wants_compiled_decode(False if sizes else config.enforce_eager, device, model)
               and config.kv_cache_dtype == "auto" and config.attention == "gather"):
             if cxx_compiler():
                 runner.graphs = CompiledDecode(model, runner.kv_pool.store, block_size, dtype,
-                                               config.compile_sizes or BATCH_BUCKETS)
+                                               sizes or BATCH_BUCKETS)
             else:
                 logger.warning("decode steps run eagerly: torch.compile needs a C++ compiler and Python's headers, "
                                "and one is missing (`make compiler` installs Debian's g++ and python3-dev)")

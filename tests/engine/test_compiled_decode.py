@@ -139,3 +139,11 @@ def test_compile_sizes_build_a_batch_bucket_with_the_dense_copies_and_give_the_e
 def test_compile_sizes_that_cannot_be_honoured_are_refused_with_the_reason(options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
         LLM(dtype="bfloat16", quantization="int4", max_model_len=64, **options)
+
+
+def test_compile_sizes_for_a_mixture_of_experts_model_are_refused_before_its_weights_load(tmp_path):
+    from tests.helpers.model_factory import make_moe_dir, make_tokenizer
+
+    folder = make_moe_dir("mixtral", tmp_path, make_tokenizer(tmp_path / "tok"))
+    with pytest.raises(ValueError, match="a Mixture-of-Experts model"):
+        LLM(str(folder), dtype="float32", max_model_len=64, compilation_config={"compile_sizes": [8]})

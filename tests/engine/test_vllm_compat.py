@@ -15,6 +15,7 @@ from nano_infer import LLM, AsyncEngineArgs, AsyncLLM, EngineArgs, LLMEngine, Sa
 from nano_infer.api_server.guard import Drain, _Guard, allowed_hosts_for
 from nano_infer.api_server.limits import ServerLimits
 from nano_infer.api_server.tenants import Tenants
+from nano_infer.compilation import compile_sizes
 from nano_infer.models.loader import TINY_MODEL_DIR
 from nano_infer.sampling_params import RequestOutputKind
 
@@ -49,7 +50,7 @@ def test_flexible_parser_takes_underscores_and_equals_and_leaves_values_alone():
     assert EngineArgs.from_cli_args(parser.parse_args(["--prefix-cache", "none"])).prefix_cache is None
     sized = EngineArgs.from_cli_args(parser.parse_args(["--compilation-config", '{"compile_sizes": [1, 2, 4, 8]}']))
     assert sized.compilation_config == {"compile_sizes": [1, 2, 4, 8]}
-    assert sized.create_engine_config().compile_sizes == (1, 2, 4, 8)
+    assert compile_sizes(sized.create_engine_config()) == (1, 2, 4, 8)
 
 
 def test_engine_args_fields_are_the_engine_options_and_vllm_s_no_ops_at_their_defaults():
