@@ -59,6 +59,9 @@ def parse_args(argv=None):
     p.add_argument("--quantization", choices=["none", "gguf", "int8", "int4"],
                    help="nano_infer's `quantization` (default: the engine's own choice)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--compile-sizes", type=int, nargs="+", metavar="N", help="the batch sizes nano_infer's CPU decode "
+                   "step is compiled for (compilation_config's compile_sizes; default: the engine's), all compiled "
+                   "before the first round")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                    help="on a GPU, the share of its memory nano_infer may fill (weights + KV pool); the rest is left "
                         "for transformers' own cache (default: 0.5)")
@@ -126,6 +129,8 @@ def decode_roofline(bench: Bench, num_seqs: int, prompt_len: tuple[int, int], gf
 def run_model(args, name: str, folder: str, preset: dict, dtype: str, report: dict) -> dict:
     """Every workload of one model in one dtype, both engines in that dtype; the ceiling from a matmul in it."""
     options = {"quantization": args.quantization} if args.quantization else {}
+    if args.compile_sizes:
+        options["compilation_config"] = {"compile_sizes": args.compile_sizes}
     bench = Bench(folder, args.engines, args.static_batch_size, attention=args.attention, dtype=dtype,
                   gpu_memory_utilization=args.gpu_memory_utilization, **options)
     cfg, engine = bench.engine.hf_config, bench.engine
@@ -137,7 +142,8 @@ def run_model(args, name: str, folder: str, preset: dict, dtype: str, report: di
     entry = {"model": name, "folder": folder, "dtype": dtype_name, "params": params, "workloads": [],
              "nano_options": {"attention": args.attention, "max_num_seqs": engine.config.max_num_seqs,
                               "max_num_batched_tokens": engine.config.max_num_batched_tokens,
-                              "block_size": engine.config.block_size, "prefix_cache": type(engine.prefix_cache).__name__}}
+                              "block_size": engine.config.block_size, "prefix_cache": type(engine.prefix_cache).__name__,
+                              "compilation_config": engine.config.compilation_config}}
     for n in args.requests or preset["requests"]:
         print(f"-- {n} requests, prompts {preset['prompt_len']}, outputs {preset['output_len']} tokens", flush=True)
         result = bench.run(n, args.rounds or preset["rounds"], args.seed, preset["prompt_len"], preset["output_len"],

@@ -35,6 +35,7 @@ class Bench:
         self.engines = tuple(engines)
         self.static_batch_size = static_batch_size
         self.engine = LLMEngine(str(model_dir), **nano_options)
+        self.engine.warm_up()  # its compiled decode steps, if any, before any round: as a server starts
         if self.engine.config.kv_cache != "paged":
             raise ValueError("the benchmark drives the paged engine (kv_cache='paged')")
         self.hf = None

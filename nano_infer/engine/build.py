@@ -41,7 +41,7 @@ from ..models.loader import (default_model, eos_token_ids, load_config, load_mod
                              release_freed_memory, resolve_model)
 from .cpu_allocator import keep_freed_memory
 from .memory import StepRecorder
-from .compiled_decode import BATCH_BUCKETS, CompiledDecode, cxx_compiler, wants_compiled_decode
+from .compiled_decode import CompiledDecode, cxx_compiler, wants_compiled_decode
 from .model_runner import ModelRunner
 from .cpu_threads import FreeCoreThreads
 from .scheduler import WAITING_PROMPT_SHARE, Scheduler, scored_rows_per_step
@@ -181,8 +181,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         elif (wants_compiled_decode(False if sizes else config.enforce_eager, device, model)
               and config.kv_cache_dtype == "auto" and config.attention == "gather"):
             if cxx_compiler():
-                runner.graphs = CompiledDecode(model, runner.kv_pool.store, block_size, dtype,
-                                               sizes or BATCH_BUCKETS)
+                runner.graphs = CompiledDecode(model, runner.kv_pool.store, block_size, dtype, sizes)
             else:
                 logger.warning("decode steps run eagerly: torch.compile needs a C++ compiler and Python's headers, "
                                "and one is missing (`make compiler` installs Debian's g++ and python3-dev)")

@@ -136,9 +136,9 @@ OPTIONS = {
 class CompiledDecode:
     """One compiled decode step per batch bucket, built on first use (`warm_up` builds them ahead)."""
 
-    def __init__(self, model, store, block_size: int, dtype: torch.dtype, batch_sizes: tuple[int, ...] = BATCH_BUCKETS):
+    def __init__(self, model, store, block_size: int, dtype: torch.dtype, batch_sizes: tuple[int, ...] | None = None):
         self.model, self.block_size, self.dtype = model, block_size, dtype
-        self.batch_sizes = batch_sizes  # sorted
+        self.batch_sizes = batch_sizes or BATCH_BUCKETS  # sorted
         self.backend = GatherAttention(store)  # with views of its own: the in-place write
         self.backend._views = block_size, [InPlaceLayerKV.of(layer, block_size) for layer in store.layers(block_size)]
         self.threads = torch.get_num_threads()  # the most the engine runs on: the compile sees them all
