@@ -153,7 +153,10 @@ def run_model(args, name: str, folder: str, preset: dict, dtype: str, report: di
         ceiling = result["output_tokens"] * gflops * 1e9 / result["work_flops"]
         result.update(matmul_gflops=gflops, ceiling_tokens_per_s=ceiling, of_ceiling={
             e: row["tokens_per_s"] / ceiling for e, row in result["median"].items()})
-        if "nano_infer" in args.engines and engine.device.type == "cpu":
+        if "nano_infer" in args.engines and engine.device.type == "cpu" and args.compile_sizes:
+            print("  kernel floor: not measured with --compile-sizes (it counts the eager step's torch ops by name, and "
+                  "a compiled step calls its kernels from generated code)", flush=True)
+        elif "nano_infer" in args.engines and engine.device.type == "cpu":
             floor = bench.kernel_floor(n, (args.rounds or preset["rounds"]) + 1, args.seed,
                                        preset["prompt_len"], preset["output_len"])
             floor["ratios"] = {e: floor["tokens_per_s"] / row["tokens_per_s"]  # the most each ratio can reach
