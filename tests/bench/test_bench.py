@@ -273,3 +273,15 @@ def test_decode_command_line_times_each_batch_and_profiles(qwen2_dir, tmp_path, 
     assert report["memory"]["weights"] >= 4 * report["params"]  # float32: 4 bytes a matmul weight, and the rest
     out = capsys.readouterr().out
     assert "memory: weights " in out and "copy bandwidth measured now" in out and "   4 sequences at ~" in out
+
+
+def test_compile_sizes_reach_the_engine_and_leave_out_the_kernel_floor(tmp_path, qwen2_dir, capsys):
+    """`--compile-sizes`: nano_infer's CPU decode step compiled for those batch sizes before the first round; no
+    kernel floor, which counts the eager step's ops by name."""
+    report = main(["--quick", "--model", str(qwen2_dir), "--requests", "2", "--engines", "nano_infer", "--dtype",
+                   "float32", "--compile-sizes", "2", "--no-latency", "--out", str(tmp_path)])
+    [entry] = report["models"]
+    assert entry["nano_options"]["compilation_config"] == {"compile_sizes": [2]}
+    assert "kernel_floor" not in entry["workloads"][0]
+    out = capsys.readouterr().out
+    assert "kernel floor: not measured with --compile-sizes" in out and "these kernels alone cap" not in out
