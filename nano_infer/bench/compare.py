@@ -35,9 +35,9 @@ class Bench:
         self.engines = tuple(engines)
         self.static_batch_size = static_batch_size
         self.engine = LLMEngine(str(model_dir), **nano_options)
-        self.engine.warm_up()  # its compiled decode steps, if any, before any round: as a server starts
         if self.engine.config.kv_cache != "paged":
             raise ValueError("the benchmark drives the paged engine (kv_cache='paged')")
+        self.engine.warm_up()  # its compiled decode steps, if any, before any round: as a server starts
         self.hf = None
         if any(e.startswith("hf_") for e in self.engines):
             self.hf = AutoModelForCausalLM.from_pretrained(

@@ -27,7 +27,7 @@ LONG_PROMPT_ROWS = 1024
 
 class DenseCopies(EnginePlugin):
     def __init__(self, layers: list[Int4Linear]):
-        self.layers = layers  # the int4 layers still without a dense copy
+        self.layers = layers  # the int4 layers to copy at the first step of many rows (warm_up may have copied them)
 
     @staticmethod
     def for_model(model) -> DenseCopies | None:

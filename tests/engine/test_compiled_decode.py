@@ -4,6 +4,8 @@ eager step's, and that nothing a running engine does makes it compile again.
 Parity with transformers in float32 is in tests/helpers/parity.py's CONFIGS (enforce_eager=False). Here: the
 bfloat16 int4 path a GGUF chat takes, against the eager engine on the same weights.
 """
+import re
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -137,7 +139,7 @@ def test_compile_sizes_build_a_batch_bucket_with_the_dense_copies_and_give_the_e
     (dict(compilation_config={"compile_sizes": [8]}, kv_cache_dtype="int8"), "got kv_cache_dtype='int8'"),
 ])
 def test_compile_sizes_that_cannot_be_honoured_are_refused_with_the_reason(options, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         LLM(dtype="bfloat16", quantization="int4", max_model_len=64, **options)
 
 
